@@ -1,0 +1,222 @@
+"""Event models: contract 1 (UsageSample) and what the pipeline derives from it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+
+from gpumeter import jsonio
+from gpumeter.validation import (
+    TENANT_PATTERN,
+    AwareTimestamp,
+    NonNegativeDecimal,
+    UtcTimestamp,
+    non_negative_decimal,
+)
+
+Kind = Literal["gpu", "cpu", "memory", "storage"]
+CapacityType = Literal["on-demand", "spot", "reserved"]
+CAPACITY_TYPES: tuple[CapacityType, ...] = ("on-demand", "reserved", "spot")
+KINDS: tuple[Kind, ...] = ("gpu", "cpu", "memory", "storage")
+
+MAX_WINDOW_SECONDS = 3600
+# Quantities carry at most 12 decimal places and stay below 10^9 units, so
+# unit-seconds (quantity x seconds, microsecond timestamps) fit Decimal(38, 18) exactly.
+QUANTITY_PLACES = 12
+MAX_QUANTITY = Decimal(10) ** 9
+
+NonEmpty = Annotated[str, Field(min_length=1, max_length=253)]
+
+
+class UsageSample(BaseModel):
+    """One window of one resource held by one pod (contract 1). Strict: unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+    event_id: Annotated[str, Field(min_length=1, max_length=128)]
+    kind: Kind
+    cluster: NonEmpty
+    node: NonEmpty
+    tenant: Annotated[str, Field(pattern=TENANT_PATTERN)]
+    namespace: NonEmpty
+    pod: NonEmpty
+    pod_uid: NonEmpty
+    window_start: AwareTimestamp
+    window_end: AwareTimestamp
+    quantity: non_negative_decimal(QUANTITY_PLACES)  # type: ignore[valid-type]
+    gpu_model: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    mig_profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    capacity_type: CapacityType = "on-demand"
+    priority: StrictInt = 0
+    utilization: NonNegativeDecimal | None = None
+    memory_used_bytes: NonNegativeDecimal | None = None
+    power_watts: NonNegativeDecimal | None = None
+    energy_joules: NonNegativeDecimal | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> UsageSample:
+        for name in ("cluster", "node", "namespace", "pod", "pod_uid"):
+            if not getattr(self, name).strip():
+                raise ValueError(f"{name} must not be blank")
+        seconds = self.window_seconds
+        if seconds <= 0:
+            raise ValueError("window_end must be after window_start")
+        if seconds > MAX_WINDOW_SECONDS:
+            raise ValueError(f"window is {seconds} s long; the maximum is {MAX_WINDOW_SECONDS} s")
+        if self.quantity >= MAX_QUANTITY:
+            raise ValueError(f"quantity must be below {MAX_QUANTITY}")
+        if self.kind == "gpu":
+            if self.gpu_model is None:
+                raise ValueError("gpu_model is required when kind is gpu")
+        elif self.gpu_model is not None or self.mig_profile is not None:
+            raise ValueError("gpu_model and mig_profile are only valid when kind is gpu")
+        return self
+
+    @property
+    def window_seconds(self) -> Decimal:
+        """Exact window length in seconds (microsecond resolution)."""
+        delta = self.window_end - self.window_start
+        micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+        return Decimal(micros).scaleb(-6)
+
+    @property
+    def unit_seconds(self) -> Decimal:
+        """quantity x seconds: exact, unlike unit-hours, which divide by 3600."""
+        return self.quantity * self.window_seconds
+
+    @property
+    def period_month(self) -> str:
+        """The invoice month: the UTC calendar month of window_start (contract 3, step 4)."""
+        return utc_month(self.window_start)
+
+
+def utc_month(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m")
+
+
+class SampleRejected(ValueError):
+    """A sample that fails contract 1, with a one-line reason."""
+
+    def __init__(self, reason: str, code: str = "invalid") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming each failing field and why."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        location = ".".join(str(item) for item in error["loc"]) or "sample"
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{location}: {message}")
+    return "; ".join(parts)
+
+
+def parse_sample(raw: bytes | str | dict[str, Any]) -> UsageSample:
+    """Bytes, text or a parsed object to a UsageSample, or SampleRejected with the reason."""
+    if isinstance(raw, dict):
+        document: Any = raw
+    else:
+        try:
+            document = jsonio.loads(raw)
+        except jsonio.JSONInputError as exc:
+            raise SampleRejected(str(exc), code="not_json") from None
+    if not isinstance(document, dict):
+        raise SampleRejected(f"expected a JSON object, got {type(document).__name__}", code="not_object")
+    try:
+        return UsageSample.model_validate(document)
+    except ValidationError as exc:
+        raise SampleRejected(describe_validation_error(exc)) from None
+
+
+class RatedUsage(BaseModel):
+    """A sample with its price attached (contract 3, steps 1-3): what the rated topic carries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: str
+    kind: Kind
+    cluster: str
+    node: str
+    tenant: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    window_start: UtcTimestamp
+    window_end: UtcTimestamp
+    period: str
+    quantity: NonNegativeDecimal
+    unit_seconds: NonNegativeDecimal
+    gpu_model: str | None
+    mig_profile: str | None
+    capacity_type: CapacityType
+    priority: int
+    rate_card: str
+    currency: str
+    unit_price: NonNegativeDecimal
+    capacity_multiplier: NonNegativeDecimal
+    list_cost: NonNegativeDecimal
+    utilization: NonNegativeDecimal | None = None
+    energy_joules: NonNegativeDecimal | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    source_partition: int = -1
+    source_offset: int = -1
+
+
+class DeadLetter(BaseModel):
+    """A rejected input with enough context to find, fix and replay it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason_code: str
+    reason: str
+    raw: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    event_id: str | None = None
+    tenant: str | None = None
+    rejected_at: UtcTimestamp
+
+
+class QuotaEvent(BaseModel):
+    """A quota crossing (contract 4): emitted once per crossing, not per sample."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: str
+    tenant: str
+    metric: Literal["gpu_hours", "spend", "max_gpus"]
+    level: Literal["warning", "exceeded", "recovered"]
+    used: Decimal
+    limit: Decimal
+    period: str
+    at: UtcTimestamp
+
+
+class GpuDevice(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int
+    uuid: str
+    model: str
+    nvlink_peers: list[int] = Field(default_factory=list)
+    numa_node: int | None = None
+
+
+class NodeTopology(BaseModel):
+    """GPU layout of one node, published compacted by node name for the extender."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: str
+    node: str
+    gpus: list[GpuDevice]
+    # Pairwise link class by GPU index, e.g. {"0-1": "NV18", "0-4": "SYS"}.
+    links: dict[str, str] = Field(default_factory=dict)
+    at: UtcTimestamp

@@ -1,0 +1,97 @@
+"""Reusable field validators for the contracts: strict Decimals and RFC 3339 times."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator
+
+TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
+def _to_decimal(value: Any) -> Decimal:
+    """Accept decimal strings, ints and Decimals; refuse floats and non-finite values.
+
+    Floats are refused rather than converted: a binary float has already lost the
+    exact value the sender meant, and billing must not guess it back.
+    """
+    if isinstance(value, bool):
+        raise ValueError("must be a number or decimal string, not a boolean")
+    if isinstance(value, float):
+        raise ValueError("must be a decimal string or exact number, not a binary float")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, Decimal):
+        result = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if not text:
+            raise ValueError("must be a decimal number, got an empty string")
+        try:
+            result = Decimal(text)
+        except InvalidOperation:
+            raise ValueError(f"must be a decimal number, got {value!r}") from None
+    else:
+        raise ValueError(f"must be a decimal number, got {type(value).__name__}")
+    if not result.is_finite():
+        raise ValueError("must be a finite number")
+    return result
+
+
+def _non_negative(value: Decimal) -> Decimal:
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+def _max_places(places: int) -> Any:
+    def check(value: Decimal) -> Decimal:
+        exponent = value.as_tuple().exponent
+        if isinstance(exponent, int) and exponent < -places:
+            raise ValueError(f"has more than {places} decimal places")
+        return value
+
+    return check
+
+
+def _rfc3339(value: Any) -> datetime:
+    """Parse an RFC 3339 timestamp that carries an explicit offset."""
+    if isinstance(value, datetime):
+        parsed = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"not an RFC 3339 timestamp: {value!r}") from None
+        if "T" not in value.upper():
+            raise ValueError(f"not an RFC 3339 timestamp (no time part): {value!r}")
+    else:
+        raise ValueError(f"must be an RFC 3339 string, got {type(value).__name__}")
+    if parsed.tzinfo is None or parsed.utcoffset() is None:
+        raise ValueError(f"timestamp needs a UTC offset (Z or +hh:mm): {value!r}")
+    return parsed
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+DecimalValue = Annotated[Decimal, BeforeValidator(_to_decimal)]
+NonNegativeDecimal = Annotated[Decimal, BeforeValidator(_to_decimal), AfterValidator(_non_negative)]
+
+
+def non_negative_decimal(places: int) -> Any:
+    """A non-negative Decimal with at most ``places`` fractional digits."""
+    return Annotated[
+        Decimal,
+        BeforeValidator(_to_decimal),
+        AfterValidator(_non_negative),
+        AfterValidator(_max_places(places)),
+    ]
+
+
+# Kept in the offset it was sent with: month attribution converts to UTC explicitly.
+AwareTimestamp = Annotated[datetime, BeforeValidator(_rfc3339)]
+UtcTimestamp = Annotated[datetime, BeforeValidator(_rfc3339), AfterValidator(_utc)]

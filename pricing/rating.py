@@ -1,0 +1,88 @@
+"""Streaming rating (contract 3, steps 1-3): one sample, one list price, no tiers."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from gpumeter.models import RatedUsage, SampleRejected, UsageSample
+from gpumeter.money import SECONDS_PER_HOUR, exact, to_store
+from gpumeter.ratecard import Rate, RateCard, RateCardSet
+
+
+def find_rate(card: RateCard, kind: str, gpu_model: str | None, mig_profile: str | None) -> Rate | None:
+    """Most specific rate: (kind, gpu_model, mig_profile) > (kind, gpu_model) > (kind)."""
+    wanted = [(kind, gpu_model, mig_profile), (kind, gpu_model, None), (kind, None, None)]
+    by_selector = {rate.selector: rate for rate in card.rates}
+    for selector in wanted:
+        rate = by_selector.get(selector)
+        if rate is not None:
+            return rate
+    return None
+
+
+class Rater:
+    """Prices samples against a set of effective-dated rate cards, caching rate lookups."""
+
+    def __init__(self, cards: RateCardSet) -> None:
+        self.cards = cards
+        self._rates: dict[tuple[str, str, str | None, str | None], Rate | None] = {}
+
+    def rate_for(
+        self, card: RateCard, kind: str, gpu_model: str | None, mig_profile: str | None
+    ) -> Rate | None:
+        key = (card.version, kind, gpu_model, mig_profile)
+        if key not in self._rates:
+            self._rates[key] = find_rate(card, kind, gpu_model, mig_profile)
+        return self._rates[key]
+
+    def rate(self, sample: UsageSample, partition: int = -1, offset: int = -1) -> RatedUsage:
+        """The sample with its streaming list cost, or SampleRejected(code='no_rate')."""
+        card = self.cards.card_at(sample.window_start)
+        if card is None:
+            raise SampleRejected(
+                f"no rate card in force at {sample.window_start.isoformat()}", code="no_rate"
+            )
+        rate = self.rate_for(card, sample.kind, sample.gpu_model, sample.mig_profile)
+        if rate is None:
+            raise SampleRejected(
+                f"rate card {card.version} has no rate for kind={sample.kind} "
+                f"gpu_model={sample.gpu_model} mig_profile={sample.mig_profile}",
+                code="no_rate",
+            )
+        multiplier = card.capacity_multipliers[sample.capacity_type]
+        unit_seconds = sample.unit_seconds
+        return RatedUsage(
+            event_id=sample.event_id,
+            kind=sample.kind,
+            cluster=sample.cluster,
+            node=sample.node,
+            tenant=sample.tenant,
+            namespace=sample.namespace,
+            pod=sample.pod,
+            pod_uid=sample.pod_uid,
+            window_start=sample.window_start,
+            window_end=sample.window_end,
+            period=sample.period_month,
+            quantity=sample.quantity,
+            unit_seconds=unit_seconds,
+            gpu_model=sample.gpu_model,
+            mig_profile=sample.mig_profile,
+            capacity_type=sample.capacity_type,
+            priority=sample.priority,
+            rate_card=card.version,
+            currency=card.currency,
+            unit_price=rate.list_price,
+            capacity_multiplier=multiplier,
+            list_cost=list_cost(unit_seconds, rate.list_price, multiplier),
+            utilization=sample.utilization,
+            energy_joules=sample.energy_joules,
+            labels=sample.labels,
+            source_partition=partition,
+            source_offset=offset,
+        )
+
+
+def list_cost(unit_seconds: Decimal, unit_price: Decimal, multiplier: Decimal) -> Decimal:
+    """unit_hours x unit_price x multiplier, kept at 18 decimal places for real-time spend."""
+    with exact():
+        return to_store(unit_seconds * unit_price * multiplier / SECONDS_PER_HOUR)
