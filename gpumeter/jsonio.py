@@ -6,6 +6,7 @@ NaN and Infinity are refused: they are valid for Python's json module but not JS
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import datetime
 from decimal import Decimal
@@ -52,3 +53,11 @@ def dumps(value: Any) -> str:
 
 def dumpb(value: Any) -> bytes:
     return dumps(value).encode("utf-8")
+
+
+def raw_text(raw: bytes) -> str:
+    """A payload as text for a dead-letter record; non-UTF-8 bytes are kept as base64."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(raw).decode("ascii")

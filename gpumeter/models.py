@@ -220,3 +220,30 @@ class NodeTopology(BaseModel):
     # Pairwise link class by GPU index, e.g. {"0-1": "NV18", "0-4": "SYS"}.
     links: dict[str, str] = Field(default_factory=dict)
     at: UtcTimestamp
+
+
+def dead_letter(
+    raw: bytes, code: str, reason: str, source_topic: str, partition: int, offset: int,
+    sample: UsageSample | None = None,
+) -> DeadLetter:
+    """A dead letter for ``raw``, naming its event_id and tenant when they can be read."""
+    event_id, tenant = (sample.event_id, sample.tenant) if sample else _readable_ids(raw)
+    return DeadLetter(
+        reason_code=code, reason=reason, raw=jsonio.raw_text(raw), source_topic=source_topic,
+        source_partition=partition, source_offset=offset, event_id=event_id, tenant=tenant,
+        rejected_at=datetime.now(UTC),
+    )
+
+
+def _readable_ids(raw: bytes) -> tuple[str | None, str | None]:
+    try:
+        document = jsonio.loads(raw)
+    except jsonio.JSONInputError:
+        return None, None
+    if not isinstance(document, dict):
+        return None, None
+    event_id, tenant = document.get("event_id"), document.get("tenant")
+    return (
+        event_id[:128] if isinstance(event_id, str) else None,
+        tenant[:63] if isinstance(tenant, str) else None,
+    )

@@ -1,0 +1,219 @@
+"""The `gpumeter` command. Components are imported inside the command that needs them.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input. Errors are one line
+on stderr; a traceback is printed only with GPUMETER_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from gpumeter.config_files import ConfigError
+from gpumeter.settings import Settings, load_settings
+
+PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+
+
+class UsageError(Exception):
+    """Bad arguments or bad input: exit 2."""
+
+
+class Failure(Exception):
+    """The command ran and failed: exit 1."""
+
+
+def _period(value: str) -> str:
+    if not PERIOD.match(value):
+        raise argparse.ArgumentTypeError(f"period must be YYYY-MM, got {value!r}")
+    return value
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"gpumeter: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpumeter", description="GPU metering, quotas and billing")
+    parser.add_argument("--config", type=Path, help="settings YAML (default: $GPUMETER_CONFIG)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    commands.add_parser("demo", help="run the whole pipeline on a simulated fleet").add_argument(
+        "--seconds", type=_positive_float, default=60.0, help="wall time of the simulated run")
+    commands.add_parser("up", help="start the local Kafka broker and ClickHouse server")
+    commands.add_parser("down", help="stop them")
+    commands.add_parser("status", help="show what runs where")
+
+    collect = commands.add_parser("collect", help="node agent")
+    collect.add_argument("--source", choices=["nvml", "simulated"], required=True)
+    collect.add_argument("--seed", type=int, default=7)
+    collect.add_argument("--windows", type=int, default=0, help="simulated: stop after N windows (0: never)")
+    collect.add_argument("--speed", type=_positive_float, default=None,
+                         help="simulated: windows per second (default: as fast as possible)")
+
+    worker = commands.add_parser("worker", help="stream processors (rating, sink)")
+    worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+
+    ingest = commands.add_parser("ingest", help="publish UsageSample lines from a file ('-' = stdin)")
+    ingest.add_argument("file")
+
+    invoice = commands.add_parser("invoice", help="build invoices from ClickHouse")
+    who = invoice.add_mutually_exclusive_group(required=True)
+    who.add_argument("--tenant")
+    who.add_argument("--all-tenants", action="store_true")
+    invoice.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
+    invoice.add_argument("--format", choices=["csv", "json", "pdf"], default="json")
+    invoice.add_argument("--out", type=Path, default=Path("gpumeter-out"))
+    invoice.add_argument("--finalize", action="store_true",
+                         help="issue the invoice: it is stored and never changes; later usage "
+                              "of the month goes on an adjustment invoice")
+
+    drain = commands.add_parser("drain", help="wait until everything published is rated and stored")
+    drain.add_argument("--timeout", type=_positive_float, default=300.0)
+    return parser
+
+
+def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+    from gpumeter.runtime import services
+
+    for line in services.up(settings) or ["already running"]:
+        print(line)
+    return cmd_status(settings, args)
+
+
+def cmd_down(settings: Settings, args: argparse.Namespace) -> int:
+    from gpumeter.runtime import services
+
+    for line in services.down(settings) or ["nothing was running"]:
+        print(line)
+    return 0
+
+
+def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    from gpumeter.runtime import services
+
+    report = services.status(settings)
+    width = max(len(key) for key in report)
+    for key, value in report.items():
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
+    from streams.app import run_worker
+
+    run_worker(settings, loglevel=args.loglevel)
+    return 0
+
+
+def cmd_ingest(settings: Settings, args: argparse.Namespace) -> int:
+    from gpumeter.ingest import ingest_lines
+    from gpumeter.progress import byte_progress
+
+    if args.file == "-":
+        result = ingest_lines(sys.stdin.buffer, settings, source="ingest:stdin")
+    else:
+        path = Path(args.file)
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file")
+        with path.open("rb") as handle, byte_progress(path.stat().st_size, "ingest") as advance:
+            result = ingest_lines(handle, settings, source=f"ingest:{path.name}", on_line=advance)
+    for reason in result.reasons:
+        print(reason, file=sys.stderr)
+    if result.rejected > len(result.reasons):
+        print(f"... and {result.rejected - len(result.reasons)} more rejected lines", file=sys.stderr)
+    print(f"accepted {result.accepted}, rejected {result.rejected}")
+    return 0 if result.rejected == 0 else 2
+
+
+def cmd_drain(settings: Settings, args: argparse.Namespace) -> int:
+    from gpumeter.drain import DrainTimeout, drain
+
+    try:
+        drain(settings, timeout=args.timeout)
+    except DrainTimeout as exc:
+        raise Failure(str(exc)) from None
+    print("drained: everything published before this command started is rated and stored")
+    return 0
+
+
+def cmd_invoice(settings: Settings, args: argparse.Namespace) -> int:
+    from pricing.issue import issue_invoices
+
+    if args.format == "pdf":
+        raise UsageError("PDF invoices are not available yet; use --format json or csv")
+    written = issue_invoices(settings, args.period, None if args.all_tenants else args.tenant,
+                             args.format, args.out, finalize=args.finalize)
+    for path in written:
+        print(path)
+    if not written:
+        print(f"no usage in {args.period}", file=sys.stderr)
+    return 0
+
+
+def cmd_collect(settings: Settings, args: argparse.Namespace) -> int:
+    if args.source == "nvml":
+        from collectors.agent import run_nvml_agent  # type: ignore[attr-defined]
+
+        return run_nvml_agent(settings)
+    from collectors.fleet_runner import run_simulated
+
+    published = run_simulated(settings, seed=args.seed, windows=args.windows or None, speed=args.speed)
+    print(f"published {published} samples")
+    return 0
+
+
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from gpumeter.demo import run_demo
+
+    return run_demo(settings, wall_seconds=args.seconds, out_dir=Path("gpumeter-out"))
+
+
+COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "up": cmd_up, "down": cmd_down, "status": cmd_status, "worker": cmd_worker, "ingest": cmd_ingest,
+    "drain": cmd_drain, "invoice": cmd_invoice, "collect": cmd_collect, "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(args.config)
+        return COMMANDS[args.command](settings, args)
+    except (UsageError, ConfigError) as exc:
+        return _fail(2, exc)
+    except KeyboardInterrupt:
+        print("gpumeter: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns failures into exit codes
+        if os.environ.get("GPUMETER_DEBUG"):
+            raise
+        return _fail(1, exc)
+
+
+def _fail(code: int, exc: BaseException) -> int:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"gpumeter: error: {message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Where invoices meet ClickHouse: usage lines in, finalized invoices in and out."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+from gpumeter import jsonio
+from gpumeter.clickhouse import to_decimal
+from pricing.invoice import Invoice, InvoiceLine, LineKey, UsageLine
+
+
+def usage_lines(client: Client, tenant: str, period: str) -> list[UsageLine]:
+    """Σ unit-seconds per invoice line for one tenant-month, each event_id once (FINAL)."""
+    rows = client.query(
+        "SELECT rate_card, kind, gpu_model, mig_profile, capacity_type, sum(unit_seconds) "
+        "FROM rated_usage FINAL WHERE tenant = %(tenant)s AND period = %(period)s "
+        "GROUP BY rate_card, kind, gpu_model, mig_profile, capacity_type",
+        parameters={"tenant": tenant, "period": period},
+    ).result_rows
+    return [
+        UsageLine(LineKey(str(r[0]), str(r[1]), r[2], r[3], str(r[4])), to_decimal(r[5])) for r in rows
+    ]
+
+
+def tenants_with_usage(client: Client, period: str) -> list[str]:
+    rows = client.query(
+        "SELECT DISTINCT tenant FROM rated_usage WHERE period = %(period)s ORDER BY tenant",
+        parameters={"period": period},
+    ).result_rows
+    return [str(row[0]) for row in rows]
+
+
+def finalized_invoices(client: Client, tenant: str, period: str) -> list[Invoice]:
+    rows = client.query(
+        "SELECT document, exact_quantities FROM invoices "
+        "WHERE tenant = %(tenant)s AND period = %(period)s ORDER BY seq",
+        parameters={"tenant": tenant, "period": period},
+    ).result_rows
+    return [invoice_from_document(jsonio.loads(row[0]), jsonio.loads(row[1])) for row in rows]
+
+
+def record_final(client: Client, invoice: Invoice, seq: int) -> None:
+    """Store an invoice as issued; it is never changed afterwards."""
+    client.insert(
+        "invoices",
+        [[invoice.tenant, invoice.period, seq, invoice.status, jsonio.dumps(invoice.to_document()),
+          jsonio.dumps([str(line.quantity) for line in invoice.lines])]],
+        column_names=["tenant", "period", "seq", "status", "document", "exact_quantities"],
+    )
+
+
+def invoice_from_document(document: dict[str, Any], exact_quantities: list[str]) -> Invoice:
+    """Read back a stored invoice: its contract-4b document and its unrounded quantities."""
+    lines = [
+        InvoiceLine(
+            rate_card=line["rate_card"], kind=line["kind"], gpu_model=line["gpu_model"],
+            mig_profile=line["mig_profile"], capacity_type=line["capacity_type"],
+            quantity=Decimal(quantity), amount=Decimal(line["amount"]),
+        )
+        for line, quantity in zip(document["lines"], exact_quantities, strict=True)
+    ]
+    return Invoice(
+        tenant=str(document["tenant"]), period=str(document["period"]),
+        currency=str(document["currency"]), status=document["status"],
+        lines=lines, subtotal=Decimal(str(document["subtotal"])),
+        commitment_true_up=Decimal(str(document["commitment_true_up"])),
+        credits=Decimal(str(document["credits"])), total=Decimal(str(document["total"])),
+    )

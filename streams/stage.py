@@ -1,0 +1,99 @@
+"""The rating stage as a plain object: raw sample bytes in, a rated record or a dead letter out.
+
+Kept free of faust so it is unit-testable and benchmarkable on its own; the faust agent in
+streams/app.py only moves bytes between topics around it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from gpumeter import jsonio
+from gpumeter.models import DeadLetter, RatedUsage, SampleRejected, UsageSample, dead_letter, parse_sample
+from gpumeter.ratecard import RateCardSet
+from pricing.rating import Rater
+
+
+@dataclass
+class StageCounters:
+    received: int = 0
+    rated: int = 0
+    dead: int = 0
+    duplicates: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rated: RatedUsage | None = None
+    dead: DeadLetter | None = None
+    duplicate: bool = False
+
+
+def _fingerprint(sample: UsageSample) -> tuple[object, ...]:
+    """What billing depends on: two samples with one event_id must agree on these."""
+    return (
+        sample.tenant, sample.kind, sample.window_start, sample.window_end, sample.quantity,
+        sample.gpu_model, sample.mig_profile, sample.capacity_type,
+    )
+
+
+class RatingStage:
+    """Validate, deduplicate (recent event_ids) and rate samples.
+
+    The in-memory dedup window only saves downstream work: it is lost on restart, and the
+    ClickHouse sink is the authoritative guard against double billing.
+    """
+
+    def __init__(self, cards: RateCardSet, source_topic: str, dedup_window: int = 200_000) -> None:
+        self.rater = Rater(cards)
+        self.source_topic = source_topic
+        self.dedup_window = dedup_window
+        self._seen: OrderedDict[str, tuple[object, ...]] = OrderedDict()
+        self.counters = StageCounters()
+
+    def process(self, raw: bytes, partition: int, offset: int) -> Outcome:
+        self.counters.received += 1
+        try:
+            sample = parse_sample(raw)
+        except SampleRejected as exc:
+            return self._dead(raw, partition, offset, exc.code, exc.reason)
+        fingerprint = _fingerprint(sample)
+        previous = self._seen.get(sample.event_id)
+        if previous is not None:
+            self._seen.move_to_end(sample.event_id)
+            if previous != fingerprint:
+                return self._dead(
+                    raw, partition, offset, "duplicate_conflict",
+                    f"event_id {sample.event_id} was already seen with different billing fields",
+                    sample,
+                )
+            self.counters.duplicates += 1
+            return Outcome(duplicate=True)
+        try:
+            rated = self.rater.rate(sample, partition, offset)
+        except SampleRejected as exc:
+            return self._dead(raw, partition, offset, exc.code, exc.reason, sample)
+        self._remember(sample.event_id, fingerprint)
+        self.counters.rated += 1
+        return Outcome(rated=rated)
+
+    def _remember(self, event_id: str, fingerprint: tuple[object, ...]) -> None:
+        self._seen[event_id] = fingerprint
+        if len(self._seen) > self.dedup_window:
+            self._seen.popitem(last=False)
+
+    def _dead(self, raw: bytes, partition: int, offset: int, code: str, reason: str,
+              sample: UsageSample | None = None) -> Outcome:
+        self.counters.dead += 1
+        self.counters.by_reason[code] = self.counters.by_reason.get(code, 0) + 1
+        return Outcome(dead=dead_letter(raw, code, reason, self.source_topic, partition, offset, sample))
+
+
+def encode_rated(rated: RatedUsage) -> bytes:
+    return jsonio.dumpb(rated.model_dump())
+
+
+def encode_dead(dead: DeadLetter) -> bytes:
+    return jsonio.dumpb(dead.model_dump())
