@@ -9,7 +9,13 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaConnectionError as NoBrokersAvailable
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    KafkaError,
+    NotCoordinatorError,
+    TopicAlreadyExistsError,
+)
 
 from gpumeter.settings import KafkaSettings
 from gpumeter.topics import ALL, TopicSpec
@@ -104,9 +110,12 @@ def end_offsets(kafka: KafkaSettings, topics: Iterable[str]) -> dict[TopicPartit
 
 
 def committed_offsets(kafka: KafkaSettings, group: str) -> dict[TopicPartition, int]:
+    """The group's committed offsets; empty while its coordinator is still being elected."""
     client = admin(kafka)
     try:
         offsets = client.list_group_offsets({group: None}).get(group, {})
-        return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+    except (CoordinatorNotAvailableError, NotCoordinatorError, CoordinatorLoadInProgressError):
+        return {}
     finally:
         client.close()
+    return {tp: meta.offset for tp, meta in offsets.items() if meta.offset >= 0}

@@ -1,0 +1,45 @@
+"""Shared fixtures: one real Kafka broker and one ClickHouse server per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpumeter import clickhouse, kafka
+from gpumeter.settings import Settings
+from tests.services import Endpoints, WorkerProcess, isolated_settings, session_endpoints
+
+pytest_plugins = ["tests.kube.fixtures"]
+
+
+@pytest.fixture(scope="session")
+def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    with session_endpoints(tmp_path_factory.mktemp("services")) as found:
+        yield found
+
+
+@pytest.fixture
+def settings(endpoints: Endpoints, tmp_path: Path) -> Settings:
+    """Isolated topics (prefix) and database on the session's services, schema migrated."""
+    configured = isolated_settings(endpoints, tmp_path / "data")
+    kafka.ensure_topics(configured.kafka)
+    client = clickhouse.connect(configured.clickhouse.dsn)
+    clickhouse.migrate(client)
+    client.close()
+    return configured
+
+
+@pytest.fixture
+def worker_factory(tmp_path: Path) -> Iterator[object]:
+    started: list[WorkerProcess] = []
+
+    def start(settings: Settings, name: str = "worker") -> WorkerProcess:
+        worker = WorkerProcess(settings, tmp_path / f"{name}-{len(started)}.log").start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

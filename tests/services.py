@@ -1,0 +1,187 @@
+"""Real Kafka and ClickHouse for the tests, found in this order (DESIGN.md, "Tests"):
+
+1. env vars pointing at running services: GPUMETER_TEST_KAFKA_BOOTSTRAP and
+   GPUMETER_TEST_CLICKHOUSE_DSN (test-only names, so a shell configured for a real
+   deployment never points the suite at it by accident);
+2. testcontainers, where a Docker daemon answers;
+3. the local runtime of `gpumeter up` (Kafka broker from Maven jars, chdb's ClickHouse
+   server) on free loopback ports in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpumeter import kafka as gkafka
+from gpumeter.runtime.chserver import LocalClickHouse
+from gpumeter.runtime.kafka_broker import LocalBroker
+from gpumeter.runtime.process import log_tail
+from gpumeter.settings import KafkaSettings, Settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: no usable daemon
+        return False
+
+
+@dataclass
+class Endpoints:
+    kafka_bootstrap: str
+    clickhouse_url: str  # http://host:port, no database
+    origin: str  # env | testcontainers | local
+    stop_callbacks: list[object] = field(default_factory=list)
+
+
+def start_local_broker(home: Path) -> LocalBroker:
+    broker = LocalBroker(home, "127.0.0.1", free_port(), free_port(), heap="512m")
+    broker.start()
+    try:
+        gkafka.wait_for_broker(broker.bootstrap, timeout=90)
+    except gkafka.KafkaUnavailable:
+        broker.stop()
+        raise RuntimeError(f"local Kafka broker did not start: {log_tail(broker.log_file)}") from None
+    return broker
+
+
+def start_local_clickhouse(home: Path) -> LocalClickHouse:
+    server = LocalClickHouse(home, "127.0.0.1", free_port(), free_port())
+    server.start(timeout=90)
+    return server
+
+
+@contextlib.contextmanager
+def session_endpoints(tmp: Path) -> Iterator[Endpoints]:
+    env_kafka = os.environ.get("GPUMETER_TEST_KAFKA_BOOTSTRAP")
+    env_ch = os.environ.get("GPUMETER_TEST_CLICKHOUSE_DSN")
+    if env_kafka and env_ch:
+        yield Endpoints(env_kafka, env_ch.rstrip("/"), "env")
+        return
+    if docker_answers():
+        from testcontainers.community.clickhouse import ClickHouseContainer
+        from testcontainers.community.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as kafka_c, ClickHouseContainer() as ch_c:
+            host = ch_c.get_container_host_ip()
+            url = f"http://{ch_c.username}:{ch_c.password}@{host}:{ch_c.get_exposed_port(8123)}"
+            yield Endpoints(kafka_c.get_bootstrap_server(), url, "testcontainers")
+        return
+    broker = start_local_broker(tmp / "kafka")
+    try:
+        server = start_local_clickhouse(tmp / "clickhouse")
+        try:
+            yield Endpoints(broker.bootstrap, server.url, "local")
+        finally:
+            server.stop()
+    finally:
+        broker.stop()
+
+
+def isolated_settings(endpoints: Endpoints, data_dir: Path, clickhouse_url: str | None = None) -> Settings:
+    """Settings for one test: its own topic prefix and ClickHouse database on the shared services."""
+    tag = uuid.uuid4().hex[:10]
+    kafka = KafkaSettings(bootstrap=endpoints.kafka_bootstrap, topic_prefix=f"t{tag}.")
+    settings = Settings(data_dir=data_dir, kafka=kafka)
+    settings.clickhouse.dsn = f"{clickhouse_url or endpoints.clickhouse_url}/t_{tag}"
+    settings.worker.sink_batch_size = 500
+    settings.worker.sink_batch_seconds = 0.2
+    settings.worker.sink_max_backoff_seconds = 2.0
+    return settings
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a `gpumeter` subprocess use ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
+    env.update(
+        {
+            "GPUMETER_DATA_DIR": str(settings.data_dir),
+            "GPUMETER_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
+            "GPUMETER_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
+            "GPUMETER_CLICKHOUSE_DSN": settings.clickhouse.dsn,
+            "GPUMETER_RATE_CARDS": str(settings.rate_cards),
+            "GPUMETER_TENANTS": str(settings.tenants or ""),
+            "GPUMETER_WORKER_SINK_BATCH_SIZE": str(settings.worker.sink_batch_size),
+            "GPUMETER_WORKER_SINK_BATCH_SECONDS": str(settings.worker.sink_batch_seconds),
+            "GPUMETER_WORKER_SINK_MAX_BACKOFF_SECONDS": str(settings.worker.sink_max_backoff_seconds),
+        }
+    )
+    return env
+
+
+def run_cli(settings: Settings, *args: str, stdin: bytes | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpumeter.cli", *args], env=settings_env(settings), cwd=REPO,
+        input=stdin.decode() if stdin is not None else None, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )
+
+
+class WorkerProcess:
+    """`gpumeter worker` as a real subprocess, so tests can SIGTERM or SIGKILL it."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.settings = settings
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpumeter.cli", "worker", "--loglevel", "info"],
+            env=settings_env(self.settings), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        return self
+
+    def kill9(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=30)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self) -> str:
+        return log_tail(self.log_path, 30)
+
+
+def wait_until(predicate: object, timeout: float, message: str, interval: float = 0.3) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s: {message}")

@@ -1,0 +1,366 @@
+"""The simulated fleet: deterministic, contract-1 valid, physically consistent."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gpumeter
+from collectors.sim_hardware import GPU_SPECS
+from collectors.simulated import (
+    GPUS_LABEL,
+    MIG_SLICE_LABEL,
+    FleetConfig,
+    SimulatedFleet,
+    TenantSpec,
+)
+from gpumeter import jsonio
+from gpumeter.models import UsageSample, parse_sample
+from gpumeter.tenants import load_tenants
+
+SWITCH = datetime(2026, 11, 1, tzinfo=UTC)
+# 10-minute windows from 2026-10-30 to 2026-11-01T12:00Z: 360 windows crossing the switch.
+CROSSING = FleetConfig(seed=7, window_seconds=600, end=datetime(2026, 11, 1, 12, tzinfo=UTC))
+
+
+def run_dicts(config: FleetConfig, windows: int | None = None) -> list[tuple[datetime, list[dict[str, Any]]]]:
+    fleet = SimulatedFleet(config)
+    if windows is None:
+        return list(fleet.windows_dicts())
+    return [(fleet.clock, fleet.step_dicts()) for _ in range(windows)]
+
+
+@pytest.fixture(scope="module")
+def crossing_run() -> list[tuple[datetime, list[dict[str, Any]]]]:
+    return run_dicts(CROSSING)
+
+
+@pytest.fixture(scope="module")
+def crossing_samples(crossing_run: list[tuple[datetime, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    return [sample for _, samples in crossing_run for sample in samples]
+
+
+# ---------------------------------------------------------------- determinism
+
+
+def test_same_seed_gives_byte_identical_streams() -> None:
+    config = FleetConfig(seed=11)
+    first = [jsonio.dumps(samples) for _, samples in run_dicts(config, 240)]
+    second = [jsonio.dumps(samples) for _, samples in run_dicts(FleetConfig(seed=11), 240)]
+    assert first == second
+    assert sum(len(window) for window in first) > 0
+
+
+def test_same_seed_gives_identical_models() -> None:
+    one, two = SimulatedFleet(CROSSING), SimulatedFleet(CROSSING)
+    for _ in range(50):
+        assert one.step() == two.step()
+
+
+def test_different_seeds_differ() -> None:
+    a = [jsonio.dumps(samples) for _, samples in run_dicts(FleetConfig(seed=1), 120)]
+    b = [jsonio.dumps(samples) for _, samples in run_dicts(FleetConfig(seed=2), 120)]
+    assert a != b
+
+
+def test_step_and_step_dicts_are_the_same_samples() -> None:
+    as_models, as_dicts = SimulatedFleet(CROSSING), SimulatedFleet(CROSSING)
+    for _ in range(60):
+        models = as_models.step()
+        dicts = as_dicts.step_dicts()
+        assert [parse_sample(d) for d in dicts] == models
+        # The dict is exactly the model's dump in gpumeter.jsonio conventions.
+        assert [jsonio.loads(jsonio.dumps(m.model_dump())) for m in models] == dicts
+
+
+# ---------------------------------------------------------------- contract 1
+
+
+def test_every_sample_validates(crossing_samples: list[dict[str, Any]]) -> None:
+    assert len(crossing_samples) > 10_000
+    for sample in crossing_samples:
+        parsed = parse_sample(jsonio.dumpb(sample))  # through JSON text, as the publish path sends it
+        assert isinstance(parsed, UsageSample)
+        assert parsed.window_start.utcoffset() == timedelta(0)
+        assert parsed.window_seconds == Decimal(600)
+
+
+def test_dicts_are_json_ready(crossing_samples: list[dict[str, Any]]) -> None:
+    allowed = (str, int, type(None), dict)
+    for sample in crossing_samples[:5000]:
+        for key, value in sample.items():
+            assert isinstance(value, allowed), (key, value)
+            assert not isinstance(value, bool)
+        assert sample["window_start"].endswith("+00:00")
+        assert isinstance(sample["quantity"], str)
+
+
+def test_event_ids_unique_and_shaped(crossing_samples: list[dict[str, Any]]) -> None:
+    ids = [s["event_id"] for s in crossing_samples]
+    assert len(ids) == len(set(ids))
+    for sample in crossing_samples[:2000]:
+        prefix, digest = sample["event_id"].split("-", 1)
+        assert prefix == sample["kind"]
+        assert len(digest) == 32
+        int(digest, 16)
+
+
+def test_all_kinds_capacity_types_and_mig_present(crossing_samples: list[dict[str, Any]]) -> None:
+    assert {s["kind"] for s in crossing_samples} == {"gpu", "cpu", "memory", "storage"}
+    gpu = [s for s in crossing_samples if s["kind"] == "gpu"]
+    assert {s["capacity_type"] for s in gpu} == {"on-demand", "reserved", "spot"}
+    assert {s["gpu_model"] for s in gpu} == {"H100-SXM-80GB", "A100-SXM-40GB", "L40S-48GB"}
+    mig = [s for s in gpu if s["mig_profile"] is not None]
+    assert mig
+    for sample in mig:
+        # Decision: one MIG slice = quantity 1 with the profile set (priced per slice-hour).
+        assert sample["gpu_model"] == "A100-SXM-40GB"
+        assert sample["mig_profile"] == "1g.5gb"
+        assert sample["quantity"] == "1"
+    assert {s["priority"] for s in gpu} >= {0, 100, 1000}
+
+
+def test_tenants_include_one_missing_from_tenants_file(crossing_samples: list[dict[str, Any]]) -> None:
+    defaults = Path(gpumeter.__file__).parent / "defaults" / "tenants.yaml"
+    known = {policy.tenant for policy in load_tenants(defaults).tenants}
+    seen = {s["tenant"] for s in crossing_samples}
+    assert seen == {"team-a", "team-b", "research", "inference", "sandbox"}
+    assert seen - known == {"sandbox"}
+
+
+def test_run_crosses_rate_card_switch_and_month(
+    crossing_run: list[tuple[datetime, list[dict[str, Any]]]],
+) -> None:
+    starts = [start for start, samples in crossing_run if samples]
+    assert min(starts) < SWITCH <= max(starts)
+    assert crossing_run[0][0] == datetime(2026, 10, 30, tzinfo=UTC)
+    assert crossing_run[-1][0] == CROSSING.end - timedelta(seconds=600)  # type: ignore[operator]
+    months = {s["window_start"][:7] for _, samples in crossing_run for s in samples}
+    assert months == {"2026-10", "2026-11"}
+
+
+def test_every_pod_window_has_four_consistent_samples(
+    crossing_run: list[tuple[datetime, list[dict[str, Any]]]],
+) -> None:
+    identity: dict[str, tuple[str, str, str, str, str, int]] = {}
+    for _, samples in crossing_run:
+        by_pod: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for sample in samples:
+            by_pod[sample["pod_uid"]].append(sample)
+        for pod_uid, group in by_pod.items():
+            assert sorted(s["kind"] for s in group) == ["cpu", "gpu", "memory", "storage"]
+            ident = {
+                (s["node"], s["tenant"], s["namespace"], s["pod"], s["capacity_type"], s["priority"])
+                for s in group
+            }
+            assert len(ident) == 1
+            assert identity.setdefault(pod_uid, ident.pop()) == identity[pod_uid]
+
+
+def test_gpus_held_per_node_never_exceed_capacity(
+    crossing_run: list[tuple[datetime, list[dict[str, Any]]]],
+) -> None:
+    slices_per_gpu = GPU_SPECS["A100-SXM-40GB"].mig_slices
+    busiest = Decimal(0)
+    for _, samples in crossing_run:
+        held: dict[str, Decimal] = defaultdict(Decimal)
+        whole_indices: dict[str, list[int]] = defaultdict(list)
+        mig_slots: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        for sample in samples:
+            if sample["kind"] != "gpu":
+                continue
+            node = sample["node"]
+            indices = [int(i) for i in sample["labels"][GPUS_LABEL].split(",")]
+            if sample["mig_profile"] is None:
+                held[node] += Decimal(sample["quantity"])
+                assert len(indices) == int(sample["quantity"])
+                whole_indices[node].extend(indices)
+            else:
+                held[node] += Decimal(sample["quantity"]) / slices_per_gpu
+                mig_slots[node].append((indices[0], int(sample["labels"][MIG_SLICE_LABEL])))
+        for node, gpus in held.items():
+            assert gpus <= 8, (node, gpus)
+            busiest = max(busiest, gpus)
+        for node, indices in whole_indices.items():
+            assert len(indices) == len(set(indices)), node  # no GPU handed out twice
+            assert all(0 <= i < 8 for i in indices)
+            assert not {g for g, _ in mig_slots.get(node, [])} & set(indices)  # MIG GPUs never whole
+        for node, slots in mig_slots.items():
+            assert len(slots) == len(set(slots)), node
+    assert busiest == 8  # the fleet does fill nodes
+
+
+def test_jobs_start_and_finish(crossing_run: list[tuple[datetime, list[dict[str, Any]]]]) -> None:
+    pod_sets = [frozenset(s["pod_uid"] for s in samples) for _, samples in crossing_run]
+    assert pod_sets[0]  # warm start: busy from the first window
+    changes = sum(1 for before, after in pairwise(pod_sets) if before != after)
+    assert changes > 50
+    first_seen: dict[str, int] = {}
+    last_seen: dict[str, int] = {}
+    for index, pods in enumerate(pod_sets):
+        for pod in pods:
+            first_seen.setdefault(pod, index)
+            last_seen[pod] = index
+    finished = [pod for pod, last in last_seen.items() if last < len(pod_sets) - 1]
+    started_later = [pod for pod, first in first_seen.items() if first > 0]
+    assert len(finished) > 20 and len(started_later) > 20
+    # A pod runs in one contiguous stretch of windows.
+    for pod in first_seen:
+        span = range(first_seen[pod], last_seen[pod] + 1)
+        assert all(pod in pod_sets[i] for i in span)
+
+
+def test_telemetry_is_plausible(crossing_samples: list[dict[str, Any]]) -> None:
+    for sample in crossing_samples:
+        if sample["kind"] == "gpu":
+            utilization = Decimal(sample["utilization"])
+            assert Decimal(0) <= utilization <= Decimal(1)
+            assert utilization.as_tuple().exponent == -2
+            power = Decimal(sample["power_watts"])
+            assert power > 0
+            assert Decimal(sample["energy_joules"]) == power * 600
+            assert int(sample["memory_used_bytes"]) >= 0
+        else:
+            assert sample["gpu_model"] is None and sample["mig_profile"] is None
+            assert sample["utilization"] is None and sample["power_watts"] is None
+            assert Decimal(sample["quantity"]) > 0
+
+
+# ---------------------------------------------------------------- API details
+
+
+def test_windows_stop_at_end_and_step_continues() -> None:
+    end = datetime(2026, 10, 30, 1, tzinfo=UTC)
+    fleet = SimulatedFleet(FleetConfig(end=end))
+    windows = list(fleet.windows())
+    assert len(windows) == 60
+    assert [start for start, _ in windows] == [
+        datetime(2026, 10, 30, tzinfo=UTC) + timedelta(minutes=i) for i in range(60)
+    ]
+    assert all(isinstance(s, UsageSample) for _, samples in windows for s in samples)
+    assert list(fleet.windows()) == []
+    assert fleet.clock == end
+    fleet.step()  # explicit stepping is not bounded by end
+    assert fleet.clock == end + timedelta(minutes=1)
+
+
+def test_start_in_another_offset_is_normalised_to_utc() -> None:
+    start = datetime(2026, 10, 30, 2, tzinfo=timezone(timedelta(hours=2)))
+    fleet = SimulatedFleet(FleetConfig(start=start))
+    samples = fleet.step_dicts()
+    assert samples and samples[0]["window_start"] == "2026-10-30T00:00:00+00:00"
+
+
+def test_topology() -> None:
+    fleet = SimulatedFleet(FleetConfig())
+    topology = fleet.topology()
+    assert [t.node for t in topology] == fleet.node_names()
+    assert len(fleet.node_names()) == len(set(fleet.node_names())) == 8
+    by_model = {t.gpus[0].model: t for t in topology}
+    h100, a100, l40s = by_model["H100-SXM-80GB"], by_model["A100-SXM-40GB"], by_model["L40S-48GB"]
+    for board, link in ((h100, "NV18"), (a100, "NV12")):
+        assert len(board.gpus) == 8 and len(board.links) == 28
+        assert set(board.links.values()) == {link}
+        assert all(len(gpu.nvlink_peers) == 7 for gpu in board.gpus)
+    assert l40s.links["0-1"] == "PIX" and l40s.links["6-7"] == "PIX"
+    assert l40s.links["1-2"] == "SYS" and l40s.links["0-7"] == "SYS"
+    assert Counter(l40s.links.values()) == {"PIX": 4, "SYS": 24}
+    assert all(gpu.nvlink_peers == [] for gpu in l40s.gpus)
+    uuids = [gpu.uuid for t in topology for gpu in t.gpus]
+    assert len(set(uuids)) == 64 and all(u.startswith("GPU-") for u in uuids)
+    assert [t.model_dump() for t in SimulatedFleet(FleetConfig()).topology()] == [
+        t.model_dump() for t in topology
+    ]
+    assert {t.cluster for t in topology} == {"sim-cluster"}
+    assert topology[0].at == datetime(2026, 10, 30, tzinfo=UTC)
+
+
+def test_capacity_types_spread_over_nodes() -> None:
+    kinds = SimulatedFleet(FleetConfig()).node_capacity_types()
+    assert set(kinds.values()) == {"on-demand", "reserved", "spot"}
+    only_spot = SimulatedFleet(FleetConfig(capacity_mix={"spot": 1.0})).node_capacity_types()
+    assert set(only_spot.values()) == {"spot"}
+
+
+def test_tenants_as_plain_names_and_custom_cluster() -> None:
+    config = FleetConfig(cluster="lab", tenants=("alpha", TenantSpec("beta", arrivals_per_hour=6.0)), seed=3)
+    samples: list[dict[str, Any]] = []
+    fleet = SimulatedFleet(config)
+    for _ in range(120):
+        samples.extend(fleet.step_dicts())
+    assert {s["tenant"] for s in samples} == {"alpha", "beta"}
+    assert {s["cluster"] for s in samples} == {"lab"}
+
+
+def test_evict_and_admission_block() -> None:
+    fleet = SimulatedFleet(FleetConfig(seed=5))
+    fleet.step()
+    pods = fleet.running_pods()
+    assert pods
+    victim = pods[0]["pod_uid"]
+    assert fleet.evict(victim) is True
+    assert fleet.evict(victim) is False  # already pending
+    assert fleet.evict("no-such-pod") is False
+    after = fleet.step_dicts()
+    assert victim not in {s["pod_uid"] for s in after}
+    assert fleet.stats.jobs_evicted == 1
+
+    fleet.set_admission("team-a", allowed=False)
+    started = {p["pod_uid"] for p in fleet.running_pods()}
+    for _ in range(300):
+        fleet.step()
+    new_team_a = [p for p in fleet.running_pods() if p["tenant"] == "team-a" and p["pod_uid"] not in started]
+    assert new_team_a == []
+    fleet.set_admission("team-a", allowed=True)
+    for _ in range(30):
+        fleet.step()
+    assert any(p["tenant"] == "team-a" and p["pod_uid"] not in started for p in fleet.running_pods())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"tenants": ("Team_A",)}, "does not match"),
+        ({"tenants": ("a", "a")}, "listed twice"),
+        ({"start": datetime(2026, 10, 30)}, "timezone-aware"),
+        ({"nodes": {"B200": 1}}, "unknown GPU model"),
+        ({"window_seconds": 7200}, "window_seconds"),
+        ({"mig_gpus_per_node": {"L40S-48GB": 1}}, "no MIG profile"),
+        ({"capacity_mix": {"spot": 0.0}}, "capacity_mix"),
+    ],
+)
+def test_config_is_validated(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FleetConfig(**overrides)
+
+
+def test_stream_is_identical_across_processes() -> None:
+    """No dependence on hash randomisation: two interpreters with different hash seeds agree."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib\n"
+        "from collectors.simulated import FleetConfig, SimulatedFleet\n"
+        "from gpumeter import jsonio\n"
+        "fleet = SimulatedFleet(FleetConfig(seed=21))\n"
+        "digest = hashlib.sha256()\n"
+        "for _ in range(300):\n"
+        "    digest.update(jsonio.dumpb(fleet.step_dicts()))\n"
+        "print(digest.hexdigest())\n"
+    )
+    digests = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True, timeout=120
+        )
+        digests.add(result.stdout.strip())
+    assert len(digests) == 1
