@@ -1,0 +1,85 @@
+"""ClickHouse stops mid-stream: the sink retries with back-off, commits nothing it has not
+stored, and after the restart every invoice is exact."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from gpumeter import clickhouse, kafka, topics
+from gpumeter.runtime.chserver import LocalClickHouse
+from gpumeter.settings import Settings
+from tests.integration.test_pipeline import (
+    assert_invoices_match,
+    count_rows,
+    expected_invoices,
+    produced_invoices,
+    publish_lines,
+)
+from tests.integration.usage_files import make_samples
+from tests.services import Endpoints, WorkerProcess, isolated_settings, run_cli, start_local_clickhouse, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+
+def committed_rated(settings: Settings) -> int:
+    """How many rated records the worker's group has committed (= claims to have stored)."""
+    group = settings.kafka.topic_prefix + settings.worker.group
+    rated = settings.kafka.topic(topics.RATED)
+    return sum(o for tp, o in kafka.committed_offsets(settings.kafka, group).items() if tp.topic == rated)
+
+
+@pytest.fixture
+def own_clickhouse(tmp_path: Path) -> LocalClickHouse:
+    server = start_local_clickhouse(tmp_path / "clickhouse")
+    yield server
+    server.stop()
+
+
+def test_clickhouse_outage_mid_stream(endpoints: Endpoints, own_clickhouse: LocalClickHouse,
+                                      worker_factory: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+    settings = isolated_settings(endpoints, tmp_path / "data", clickhouse_url=own_clickhouse.url)
+    kafka.ensure_topics(settings.kafka)
+    client = clickhouse.connect(settings.clickhouse.dsn)
+    clickhouse.migrate(client)
+    client.close()
+
+    valid = make_samples(seed=31, count=9000)
+    lines = [json.dumps(s).encode() for s in valid]
+    worker = worker_factory(settings)
+    publish_lines(settings, lines[:4000])
+    wait_until(lambda: count_rows(settings, "SELECT count() FROM rated_usage") >= 1000, 180,
+               "nothing stored before the outage")
+
+    own_clickhouse.stop()
+    publish_lines(settings, lines[4000:])
+    time.sleep(3)  # commits of what was stored before the stop have gone out by now
+    committed_early = committed_rated(settings)
+    time.sleep(6)  # the sink keeps failing and backing off meanwhile
+    committed_late = committed_rated(settings)
+    assert worker.alive(), worker.log_tail()
+    assert committed_late == committed_early, "offsets were committed while nothing could be stored"
+
+    own_clickhouse.start(timeout=90)
+    # Every record committed during the outage had been stored before it.
+    assert committed_late <= count_rows(settings, "SELECT count() FROM rated_usage")
+    assert "storing" in Path(worker.log_path).read_text() and "failed" in Path(worker.log_path).read_text()
+
+    # Invoices can be produced while the worker is still catching up.
+    mid = run_cli(settings, "invoice", "--tenant", "team-a", "--period", "2026-11", "--format", "json",
+                  "--out", str(tmp_path / "mid"))
+    assert mid.returncode == 0, mid.stderr
+    document = json.loads((tmp_path / "mid" / "invoice-team-a-2026-11.json").read_text())
+    assert Decimal(document["subtotal"]) == sum(Decimal(line["amount"]) for line in document["lines"])
+
+    drained = run_cli(settings, "drain", "--timeout", "300")
+    assert drained.returncode == 0, drained.stderr + worker.log_tail()
+    assert count_rows(settings, "SELECT count() FROM rated_usage") == len(valid)
+    expected = expected_invoices(valid)
+    produced = produced_invoices(settings, {p for _, p in expected}, tmp_path / "out")
+    assert_invoices_match(produced, expected)
