@@ -195,6 +195,9 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kafka-python logs every refused connection while a broker starts; our own code turns a
+    # broker that stays away into one clear error, so its chatter only hides that line.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
     try:
         settings = load_settings(args.config)
         return COMMANDS[args.command](settings, args)
@@ -203,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpumeter: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - the one place that turns failures into exit codes
+    except Exception as exc:  # the one place that turns failures into exit codes
         if os.environ.get("GPUMETER_DEBUG"):
             raise
         return _fail(1, exc)

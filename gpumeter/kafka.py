@@ -8,7 +8,6 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaConnectionError as NoBrokersAvailable
 from kafka.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
@@ -16,6 +15,7 @@ from kafka.errors import (
     NotCoordinatorError,
     TopicAlreadyExistsError,
 )
+from kafka.errors import KafkaConnectionError as NoBrokersAvailable
 
 from gpumeter.settings import KafkaSettings
 from gpumeter.topics import ALL, TopicSpec

@@ -120,3 +120,25 @@ def load_settings(config: Path | None = None, env: Mapping[str, str] | None = No
         return Settings.model_validate(document)
     except ValidationError as exc:
         raise validation_failure(config or Path("<environment>"), exc) from None
+
+
+def _flatten(model: BaseModel, prefix: str) -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        key = f"{prefix}{name.upper()}"
+        if isinstance(value, BaseModel):
+            flat.update(_flatten(value, key + "_"))
+        else:
+            flat[key] = "" if value is None else str(value)
+    return flat
+
+
+def settings_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """An environment that makes a `gpumeter` subprocess load exactly ``settings``.
+
+    Inherited GPUMETER_* variables are dropped so nothing but ``settings`` decides.
+    """
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(ENV_PREFIX)}
+    env.update(_flatten(settings, ENV_PREFIX))
+    return env

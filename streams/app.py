@@ -73,7 +73,7 @@ class BatchWriter:
                 if attempt > 1:
                     log.warning("%s: stored %d rows after %d attempts", self.name, len(rows), attempt)
                 return
-            except Exception as exc:
+            except Exception as exc:  # any failure means: not stored, try again
                 log.warning("%s: storing %d rows failed (attempt %d, retry in %.1fs): %s",
                             self.name, len(rows), attempt, delay, str(exc).splitlines()[0][:300])
                 await asyncio.sleep(delay * (0.5 + random.random()))

@@ -103,7 +103,7 @@ class ClickHouseSink:
         if self._client is not None:
             try:
                 self._client.close()
-            except Exception:
+            except Exception:  # closing a broken client must not mask the real error
                 log.debug("closing a failed ClickHouse client", exc_info=True)
         self._client = None
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from gpumeter import clickhouse, kafka
+from gpumeter.runtime.worker_process import WorkerProcess
 from gpumeter.settings import Settings
-from tests.services import Endpoints, WorkerProcess, isolated_settings, session_endpoints
+from tests.services import Endpoints, isolated_settings, session_endpoints
 
 pytest_plugins = ["tests.kube.fixtures"]
 

@@ -25,7 +25,7 @@ from gpumeter import kafka as gkafka
 from gpumeter.runtime.chserver import LocalClickHouse
 from gpumeter.runtime.kafka_broker import LocalBroker
 from gpumeter.runtime.process import log_tail
-from gpumeter.settings import KafkaSettings, Settings
+from gpumeter.settings import KafkaSettings, Settings, settings_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,7 @@ def docker_answers() -> bool:
 
         docker.from_env(timeout=3).ping()
         return True
-    except Exception:  # noqa: BLE001 - any failure means: no usable daemon
+    except Exception:  # any failure means: no usable daemon
         return False
 
 
@@ -110,25 +110,6 @@ def isolated_settings(endpoints: Endpoints, data_dir: Path, clickhouse_url: str 
     return settings
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a `gpumeter` subprocess use ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
-    env.update(
-        {
-            "GPUMETER_DATA_DIR": str(settings.data_dir),
-            "GPUMETER_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
-            "GPUMETER_KAFKA_TOPIC_PREFIX": settings.kafka.topic_prefix,
-            "GPUMETER_CLICKHOUSE_DSN": settings.clickhouse.dsn,
-            "GPUMETER_RATE_CARDS": str(settings.rate_cards),
-            "GPUMETER_TENANTS": str(settings.tenants or ""),
-            "GPUMETER_WORKER_SINK_BATCH_SIZE": str(settings.worker.sink_batch_size),
-            "GPUMETER_WORKER_SINK_BATCH_SECONDS": str(settings.worker.sink_batch_seconds),
-            "GPUMETER_WORKER_SINK_MAX_BACKOFF_SECONDS": str(settings.worker.sink_max_backoff_seconds),
-        }
-    )
-    return env
-
-
 def run_cli(settings: Settings, *args: str, stdin: bytes | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -136,46 +117,6 @@ def run_cli(settings: Settings, *args: str, stdin: bytes | None = None,
         input=stdin.decode() if stdin is not None else None, capture_output=True, text=True,
         timeout=timeout, check=False,
     )
-
-
-class WorkerProcess:
-    """`gpumeter worker` as a real subprocess, so tests can SIGTERM or SIGKILL it."""
-
-    def __init__(self, settings: Settings, log_path: Path) -> None:
-        self.settings = settings
-        self.log_path = log_path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> WorkerProcess:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed with the process
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpumeter.cli", "worker", "--loglevel", "info"],
-            env=settings_env(self.settings), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-        log.close()
-        return self
-
-    def kill9(self) -> None:
-        assert self.process is not None
-        self.process.kill()
-        self.process.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=30)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log_tail(self) -> str:
-        return log_tail(self.log_path, 30)
 
 
 def wait_until(predicate: object, timeout: float, message: str, interval: float = 0.3) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from gpumeter import clickhouse, kafka, topics
 from gpumeter.runtime.chserver import LocalClickHouse
+from gpumeter.runtime.worker_process import WorkerProcess
 from gpumeter.settings import Settings
 from tests.integration.test_pipeline import (
     assert_invoices_match,
@@ -22,7 +23,7 @@ from tests.integration.test_pipeline import (
     publish_lines,
 )
 from tests.integration.usage_files import make_samples
-from tests.services import Endpoints, WorkerProcess, isolated_settings, run_cli, start_local_clickhouse, wait_until
+from tests.services import Endpoints, isolated_settings, run_cli, start_local_clickhouse, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpumeter import clickhouse, kafka, topics
+from gpumeter.runtime.worker_process import WorkerProcess
 from gpumeter.settings import Settings
 from tests.integration.usage_files import (
     MALFORMED,
@@ -23,7 +24,7 @@ from tests.integration.usage_files import (
     make_samples,
     write_usage_file,
 )
-from tests.services import WorkerProcess, run_cli, wait_until
+from tests.services import run_cli, wait_until
 from tests.unit.reference_billing import reference_invoices
 
 pytestmark = pytest.mark.integration
