@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from decimal import Decimal
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from gpumeter import jsonio
+from gpumeter.money import exact
 from gpumeter.validation import (
     TENANT_PATTERN,
     AwareTimestamp,
@@ -28,7 +29,10 @@ MAX_WINDOW_SECONDS = 3600
 QUANTITY_PLACES = 12
 MAX_QUANTITY = Decimal(10) ** 9
 
-NonEmpty = Annotated[str, Field(min_length=1, max_length=253)]
+# Non-empty and not blank: the pattern asks for at least one non-space character.
+NonEmpty = Annotated[str, Field(min_length=1, max_length=253, pattern=r"\S")]
+_MAX_WINDOW = timedelta(seconds=MAX_WINDOW_SECONDS)
+_ZERO = timedelta(0)
 
 
 class UsageSample(BaseModel):
@@ -59,14 +63,14 @@ class UsageSample(BaseModel):
 
     @model_validator(mode="after")
     def _check_rules(self) -> UsageSample:
-        for name in ("cluster", "node", "namespace", "pod", "pod_uid"):
-            if not getattr(self, name).strip():
-                raise ValueError(f"{name} must not be blank")
-        seconds = self.window_seconds
-        if seconds <= 0:
+        length = self.window_end - self.window_start
+        if length <= _ZERO:
             raise ValueError("window_end must be after window_start")
-        if seconds > MAX_WINDOW_SECONDS:
-            raise ValueError(f"window is {seconds} s long; the maximum is {MAX_WINDOW_SECONDS} s")
+        if length > _MAX_WINDOW:
+            raise ValueError(
+                f"window_start to window_end is {length.total_seconds()} s; "
+                f"the maximum is {MAX_WINDOW_SECONDS} s"
+            )
         if self.quantity >= MAX_QUANTITY:
             raise ValueError(f"quantity must be below {MAX_QUANTITY}")
         if self.kind == "gpu":
@@ -85,8 +89,9 @@ class UsageSample(BaseModel):
 
     @property
     def unit_seconds(self) -> Decimal:
-        """quantity x seconds: exact, unlike unit-hours, which divide by 3600."""
-        return self.quantity * self.window_seconds
+        """quantity x seconds: exact (60-digit context), unlike unit-hours, which divide by 3600."""
+        with exact():
+            return self.quantity * self.window_seconds
 
     @property
     def period_month(self) -> str:
@@ -247,3 +252,21 @@ def _readable_ids(raw: bytes) -> tuple[str | None, str | None]:
         event_id[:128] if isinstance(event_id, str) else None,
         tenant[:63] if isinstance(tenant, str) else None,
     )
+
+
+_QUANTITY_QUANTUM = Decimal(1).scaleb(-QUANTITY_PLACES)
+
+
+def quantize_quantity(value: Decimal) -> Decimal:
+    """A held quantity at contract precision (12 places), e.g. a MIG share such as 1/7 GPU.
+
+    Contract 1 counts GPUs, fractions for MIG and shared devices; every collector rounds a
+    fraction the same way (half-even) so one device-window always has one quantity.
+    """
+    with exact():
+        return value.quantize(_QUANTITY_QUANTUM, rounding=ROUND_HALF_EVEN)
+
+
+def gpu_share(slices: int, slices_per_gpu: int) -> Decimal:
+    """The fraction of a GPU that ``slices`` of its ``slices_per_gpu`` compute slices are."""
+    return quantize_quantity(Decimal(slices) / Decimal(slices_per_gpu))

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpumeter.config_files import ConfigError, read_yaml, validation_failure
-from gpumeter.validation import TENANT_PATTERN, DecimalValue, NonNegativeDecimal
+from gpumeter.validation import TENANT_PATTERN, DecimalValue, NonNegativeDecimal, non_negative_decimal
 
 
 class TenantPolicy(BaseModel):
@@ -18,13 +18,13 @@ class TenantPolicy(BaseModel):
     tenant: Annotated[str, Field(pattern=TENANT_PATTERN)]
     period: Literal["month", "day"] = "month"
     gpu_hours: NonNegativeDecimal | None = None
-    spend: NonNegativeDecimal | None = None
+    spend: non_negative_decimal(2) | None = None  # type: ignore[valid-type]
     max_gpus: NonNegativeDecimal | None = None
     warn_at: list[DecimalValue] = Field(default_factory=list)
     on_exceed: Literal["preempt", "block", "notify"] = "notify"
     grace_seconds: Annotated[int, Field(ge=0, le=86400)] = 30
-    commitment: NonNegativeDecimal | None = None
-    credits: NonNegativeDecimal | None = None
+    commitment: non_negative_decimal(2) | None = None  # type: ignore[valid-type]
+    credits: non_negative_decimal(2) | None = None  # type: ignore[valid-type]
 
     @field_validator("warn_at")
     @classmethod

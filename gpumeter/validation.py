@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
@@ -9,6 +10,15 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator
 
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+
+
+# ASCII decimal notation only: Decimal() alone also takes "1_000" and non-ASCII digits.
+_DECIMAL_TEXT = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
+# RFC 3339 date-time (section 5.6): full date, T, full time with at most microseconds, offset.
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:[Zz]|[+-]\d{2}:\d{2})$", re.ASCII
+)
+_RFC3339_FRACTION = re.compile(r"\.\d{7,}")
 
 
 def _to_decimal(value: Any) -> Decimal:
@@ -27,8 +37,8 @@ def _to_decimal(value: Any) -> Decimal:
         result = value
     elif isinstance(value, str):
         text = value.strip()
-        if not text:
-            raise ValueError("must be a decimal number, got an empty string")
+        if not _DECIMAL_TEXT.match(text):
+            raise ValueError(f"must be a decimal number, got {value!r}")
         try:
             result = Decimal(text)
         except InvalidOperation:
@@ -61,16 +71,22 @@ def _rfc3339(value: Any) -> datetime:
     if isinstance(value, datetime):
         parsed = value
     elif isinstance(value, str):
+        if not _RFC3339.match(value):
+            if _RFC3339_FRACTION.search(value):
+                raise ValueError(f"timestamp is finer than microseconds: {value!r}")
+            raise ValueError(f"not an RFC 3339 timestamp with offset (e.g. 2026-11-01T00:00:00Z): {value!r}")
         try:
-            parsed = datetime.fromisoformat(value)
+            parsed = datetime.fromisoformat(value.upper())
         except ValueError:
-            raise ValueError(f"not an RFC 3339 timestamp: {value!r}") from None
-        if "T" not in value.upper():
-            raise ValueError(f"not an RFC 3339 timestamp (no time part): {value!r}")
+            raise ValueError(f"not a valid date or time: {value!r}") from None
     else:
         raise ValueError(f"must be an RFC 3339 string, got {type(value).__name__}")
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise ValueError(f"timestamp needs a UTC offset (Z or +hh:mm): {value!r}")
+    try:
+        parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"timestamp is outside the representable UTC range: {value!r}") from None
     return parsed
 
 

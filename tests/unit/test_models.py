@@ -1,0 +1,409 @@
+"""Contract 1 (UsageSample) validation and the Decimal-only JSON reader."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from gpumeter import jsonio
+from gpumeter.models import SampleRejected, UsageSample, parse_sample, utc_month
+from pricing.rating import Rater
+from tests.unit.billing_harness import card_set
+
+
+def valid(**changes: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "event_id": "ev-1",
+        "kind": "gpu",
+        "cluster": "c1",
+        "node": "node-1",
+        "tenant": "team-a",
+        "namespace": "ml",
+        "pod": "train-0",
+        "pod_uid": "7f1c",
+        "window_start": "2026-11-10T00:00:00Z",
+        "window_end": "2026-11-10T00:01:00Z",
+        "quantity": "1",
+        "gpu_model": "H100-SXM-80GB",
+    }
+    document.update(changes)
+    return {key: value for key, value in document.items() if value is not DROP}
+
+
+DROP = object()
+
+
+def rejected(document: Any) -> SampleRejected:
+    with pytest.raises(SampleRejected) as caught:
+        parse_sample(document if isinstance(document, bytes | str) else json.dumps(document, default=str))
+    return caught.value
+
+
+# --- accepted ------------------------------------------------------------------------------------
+
+
+def test_minimal_gpu_sample_and_defaults():
+    sample = parse_sample(json.dumps(valid()))
+    assert sample.capacity_type == "on-demand"
+    assert sample.priority == 0
+    assert sample.mig_profile is None
+    assert sample.labels == {}
+    assert sample.quantity == Decimal("1")
+    assert sample.window_seconds == Decimal(60)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "memory", "storage"])
+def test_non_gpu_kinds_without_gpu_model(kind):
+    sample = parse_sample(valid(kind=kind, gpu_model=DROP))
+    assert sample.kind == kind
+    assert sample.gpu_model is None
+
+
+def test_all_optional_fields():
+    document = valid(
+        mig_profile="1g.10gb",
+        capacity_type="spot",
+        priority=-5,
+        utilization=0.5,  # JSON number: parsed to Decimal by jsonio, never float
+        memory_used_bytes=123456789,
+        power_watts="350.5",
+        energy_joules=0,
+        labels={"team": "vision", "job": "x"},
+    )
+    sample = parse_sample(json.dumps(document).encode("utf-8"))
+    assert sample.utilization == Decimal("0.5")
+    assert isinstance(sample.utilization, Decimal)
+    assert sample.power_watts == Decimal("350.5")
+    assert sample.priority == -5
+    assert sample.labels == {"team": "vision", "job": "x"}
+    assert sample.capacity_type == "spot"
+
+
+@pytest.mark.parametrize("capacity_type", ["on-demand", "spot", "reserved"])
+def test_capacity_types(capacity_type):
+    assert parse_sample(valid(capacity_type=capacity_type)).capacity_type == capacity_type
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [
+        ("0", Decimal(0)),
+        (0, Decimal(0)),
+        ("1.5", Decimal("1.5")),
+        (2, Decimal(2)),
+        ("0.000000000001", Decimal("1E-12")),  # 12 places: the maximum
+        ("999999999.999999999999", Decimal("999999999.999999999999")),  # just below 1e9
+        ("1e2", Decimal(100)),
+    ],
+)
+def test_quantity_accepted(quantity, expected):
+    assert parse_sample(valid(quantity=quantity)).quantity == expected
+
+
+def test_quantity_as_json_number_is_exact():
+    # 0.1 as a JSON number must become Decimal("0.1"), not the binary float 0.1000000000000000055...
+    raw = json.dumps(valid()).replace('"quantity": "1"', '"quantity": 0.1')
+    sample = parse_sample(raw)
+    assert sample.quantity == Decimal("0.1")
+    assert str(sample.quantity) == "0.1"
+
+
+def test_quantity_decimal_object_accepted_in_dict():
+    assert parse_sample(valid(quantity=Decimal("2.25"))).quantity == Decimal("2.25")
+
+
+def test_window_of_exactly_3600_seconds_is_accepted():
+    sample = parse_sample(valid(window_end="2026-11-10T01:00:00Z"))
+    assert sample.window_seconds == Decimal(3600)
+
+
+def test_window_of_one_microsecond_is_accepted():
+    sample = parse_sample(valid(window_end="2026-11-10T00:00:00.000001Z"))
+    assert sample.window_seconds == Decimal("0.000001")
+
+
+def test_windows_with_mixed_offsets():
+    # 08:00+08:00 = 00:00Z, so the window is 30 minutes
+    sample = parse_sample(valid(window_start="2026-11-10T08:00:00+08:00", window_end="2026-11-10T00:30:00Z"))
+    assert sample.window_seconds == Decimal(1800)
+    # 19:00-05:00 = 00:00Z = 01:00+01:00: zero length, rejected
+    error = rejected(valid(window_start="2026-11-09T19:00:00-05:00", window_end="2026-11-10T01:00:00+01:00"))
+    assert "window_end" in error.reason
+
+
+def test_offset_is_kept_and_month_is_utc():
+    sample = parse_sample(
+        valid(window_start="2026-12-01T05:00:00+08:00", window_end="2026-12-01T05:10:00+08:00")
+    )
+    assert sample.window_start.utcoffset() == timedelta(hours=8)
+    assert sample.period_month == "2026-11"
+    assert utc_month(datetime(2026, 11, 30, 20, 0, tzinfo=timezone(timedelta(hours=-5)))) == "2026-12"
+    assert utc_month(datetime(2026, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)) == "2026-12"
+
+
+def test_tenant_pattern_accepts_edges():
+    assert parse_sample(valid(tenant="a")).tenant == "a"
+    assert parse_sample(valid(tenant="0-team")).tenant == "0-team"
+    name = "a" + "b" * 62  # 63 chars: the maximum
+    assert parse_sample(valid(tenant=name)).tenant == name
+
+
+def test_event_id_length_edges():
+    assert parse_sample(valid(event_id="x" * 128)).event_id == "x" * 128
+    assert "event_id" in rejected(valid(event_id="x" * 129)).reason
+
+
+def test_sample_is_frozen():
+    sample = parse_sample(valid())
+    with pytest.raises(ValueError):
+        sample.quantity = Decimal(5)  # type: ignore[misc]
+
+
+def test_unit_seconds_is_quantity_times_seconds():
+    sample = parse_sample(valid(quantity="0.5", window_end="2026-11-10T00:00:01.5Z"))
+    assert sample.unit_seconds == Decimal("0.75")
+
+
+# --- rejected, each with a reason that names the field --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"kind": "tpu"}, "kind"),
+        ({"kind": "GPU"}, "kind"),
+        ({"event_id": ""}, "event_id"),
+        ({"event_id": DROP}, "event_id"),
+        ({"cluster": ""}, "cluster"),
+        ({"cluster": "   "}, "cluster"),
+        ({"node": " "}, "node"),
+        ({"namespace": "\t"}, "namespace"),
+        ({"pod": ""}, "pod"),
+        ({"pod_uid": "  "}, "pod_uid"),
+        ({"tenant": ""}, "tenant"),
+        ({"tenant": "   "}, "tenant"),
+        ({"tenant": "Team-A"}, "tenant"),
+        ({"tenant": "-team"}, "tenant"),
+        ({"tenant": "team_a"}, "tenant"),
+        ({"tenant": "team-a\n"}, "tenant"),
+        ({"tenant": "a" * 64}, "tenant"),
+        ({"tenant": DROP}, "tenant"),
+        ({"window_start": "yesterday"}, "window_start"),
+        ({"window_start": "2026-11-10"}, "window_start"),  # a date, no time
+        ({"window_start": "2026-13-10T00:00:00Z"}, "window_start"),
+        ({"window_start": "2026-11-10T00:00:00"}, "window_start"),  # naive
+        ({"window_end": "2026-11-10T00:01:00"}, "window_end"),  # naive
+        ({"window_start": 1794268800}, "window_start"),  # epoch numbers are not RFC 3339
+        ({"window_start": DROP}, "window_start"),
+        ({"window_end": "2026-11-10T00:00:00Z"}, "window_end"),  # end == start
+        ({"window_end": "2026-11-09T23:59:59Z"}, "window_end"),  # end < start
+        ({"window_end": "2026-11-10T01:00:00.000001Z"}, "window"),  # 3600.000001 s
+        ({"window_end": "2026-11-10T02:00:00Z"}, "window"),
+        ({"quantity": "-1"}, "quantity"),
+        ({"quantity": "-0.000001"}, "quantity"),
+        ({"quantity": ""}, "quantity"),
+        ({"quantity": "abc"}, "quantity"),
+        ({"quantity": "NaN"}, "quantity"),
+        ({"quantity": "Infinity"}, "quantity"),
+        ({"quantity": "-inf"}, "quantity"),
+        ({"quantity": True}, "quantity"),
+        ({"quantity": None}, "quantity"),
+        ({"quantity": [1]}, "quantity"),
+        ({"quantity": "0.0000000000001"}, "quantity"),  # 13 places
+        ({"quantity": "1000000000"}, "quantity"),  # 1e9
+        ({"quantity": 10**12}, "quantity"),
+        ({"quantity": DROP}, "quantity"),
+        ({"gpu_model": DROP}, "gpu_model"),
+        ({"gpu_model": None}, "gpu_model"),
+        ({"gpu_model": ""}, "gpu_model"),
+        ({"kind": "cpu"}, "gpu_model"),  # gpu_model forbidden for cpu
+        ({"kind": "memory", "gpu_model": DROP, "mig_profile": "1g.5gb"}, "mig_profile"),
+        ({"capacity_type": "preemptible"}, "capacity_type"),
+        ({"priority": "5"}, "priority"),
+        ({"priority": 1.5}, "priority"),
+        ({"utilization": -0.1}, "utilization"),
+        ({"power_watts": "-1"}, "power_watts"),
+        ({"labels": {"a": 1}}, "labels"),
+        ({"labels": ["a"]}, "labels"),
+        ({"surprise": 1}, "surprise"),
+        ({"unit_seconds": "1"}, "unit_seconds"),
+    ],
+)
+def test_rejected_with_reason_naming_the_field(changes, field):
+    error = rejected(valid(**changes))
+    assert field in error.reason, error.reason
+    assert error.code == "invalid"
+    assert "\n" not in error.reason  # one line
+
+
+def test_float_quantity_rejected_when_given_as_python_float():
+    error = rejected_dict(valid(quantity=0.5))
+    assert "quantity" in error.reason
+    assert "float" in error.reason
+
+
+def test_float_telemetry_rejected_when_given_as_python_float():
+    assert "utilization" in rejected_dict(valid(utilization=0.5)).reason
+
+
+def rejected_dict(document: dict[str, Any]) -> SampleRejected:
+    with pytest.raises(SampleRejected) as caught:
+        parse_sample(document)
+    return caught.value
+
+
+def test_naive_datetime_object_rejected():
+    error = rejected_dict(valid(window_start=datetime(2026, 11, 10), window_end=datetime(2026, 11, 10, 0, 1)))
+    assert "window_start" in error.reason
+
+
+def test_several_problems_are_all_named():
+    error = rejected(valid(kind="tpu", quantity="-1", tenant="BAD"))
+    for field in ("kind", "quantity", "tenant"):
+        assert field in error.reason
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b"not json", "not_json"),
+        (b"", "not_json"),
+        (b"{", "not_json"),
+        (b"\xff\xfe{}", "not_json"),  # not UTF-8
+        (b'{"quantity": NaN}', "not_json"),
+        (b'{"quantity": Infinity}', "not_json"),
+        (b'{"quantity": -Infinity}', "not_json"),
+        (b"[1, 2]", "not_object"),
+        (b'"a string"', "not_object"),
+        (b"42", "not_object"),
+        (b"null", "not_object"),
+    ],
+)
+def test_not_a_json_object(raw, code):
+    error = rejected(raw)
+    assert error.code == code
+    assert error.reason
+
+
+def test_nan_in_a_valid_looking_sample_is_rejected():
+    raw = json.dumps(valid()).replace('"quantity": "1"', '"quantity": NaN')
+    assert rejected(raw).code == "not_json"
+
+
+def test_parse_accepts_bytes_str_and_dict_equally():
+    document = valid(quantity="2.5")
+    from_bytes = parse_sample(json.dumps(document).encode("utf-8"))
+    from_text = parse_sample(json.dumps(document))
+    from_dict = parse_sample(document)
+    assert from_bytes == from_text == from_dict
+
+
+def test_model_validate_directly_rejects_extra_fields():
+    with pytest.raises(ValueError):
+        UsageSample.model_validate(valid(extra="x"))
+
+
+# --- rules the contract states where the implementation is lenient -------------------------------
+
+
+def test_sub_microsecond_fractions_are_not_silently_truncated():
+    """RFC 3339 allows any number of fraction digits. Truncating 00:00:00.0000009 to 00:00:00
+    changes the billed window (here 0.9999992 s would be billed as 1 s); the sample should be
+    rejected or kept exact, never silently altered."""
+    document = valid(window_start="2026-11-10T00:00:00.0000009Z", window_end="2026-11-10T00:00:01.0000001Z")
+    try:
+        sample = parse_sample(document)
+    except SampleRejected as exc:
+        assert "window_start" in exc.reason
+        return
+    assert sample.window_seconds == Decimal("0.9999992")
+
+
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        "2026-11-10T00Z",  # hour only: not RFC 3339 (needs hh:mm:ss)
+        "2026-W46-2T00:00:00Z",  # ISO week date
+        "20261110T000000Z",  # ISO basic format
+        "2026-11-10T08:00:00+0800",  # offset without colon (the same instant as 00:00Z)
+    ],
+)
+def test_non_rfc3339_timestamps_are_rejected(timestamp):
+    assert "window_start" in rejected(valid(window_start=timestamp)).reason
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [
+        ("9999-12-31T23:00:00-01:00", "9999-12-31T23:30:00-01:00"),  # UTC instant is in year 10000
+        ("0001-01-01T00:00:00+01:00", "0001-01-01T00:30:00+01:00"),  # UTC instant is in year 0
+    ],
+)
+def test_timestamps_outside_the_utc_range_are_rejected_not_crashing(start, end):
+    """A sample must either be rejected by parse_sample (SampleRejected, dead-lettered) or be
+    rateable; a bare OverflowError later (UTC month, rating) would stop a stream processor."""
+    document = valid(kind="cpu", gpu_model=DROP, window_start=start, window_end=end)
+    try:
+        sample = parse_sample(document)
+    except SampleRejected as exc:
+        assert "window_start" in exc.reason
+        return
+    with contextlib.suppress(SampleRejected):
+        Rater(card_set()).rate(sample)
+    assert sample.period_month  # the invoice month of an accepted sample can always be computed
+
+
+@pytest.mark.parametrize("quantity", ["1_000", "١٢"])  # digit separators, Arabic-Indic digits
+def test_quantity_must_be_a_plain_decimal_string(quantity):
+    assert "quantity" in rejected(valid(quantity=quantity)).reason
+
+
+# --- jsonio: numbers become Decimal, never float ---------------------------------------------------
+
+
+def _walk(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [item for child in value.values() for item in _walk(child)]
+    if isinstance(value, list):
+        return [item for child in value for item in _walk(child)]
+    return [value]
+
+
+def test_jsonio_numbers_are_decimal_or_int_never_float():
+    parsed = jsonio.loads(
+        b'{"a": 0.1, "b": [1.5, 2, -3e-2, 1E400, -0.0], "c": {"d": 12345678901234567890.123456789}, "e": 7}'
+    )
+    leaves = _walk(parsed)
+    assert not any(isinstance(leaf, float) for leaf in leaves)
+    assert parsed["a"] == Decimal("0.1")
+    assert parsed["b"] == [Decimal("1.5"), 2, Decimal("-0.03"), Decimal("1E400"), Decimal("-0.0")]
+    assert isinstance(parsed["b"][1], int)
+    assert parsed["c"]["d"] == Decimal("12345678901234567890.123456789")
+    assert isinstance(parsed["e"], int)
+
+
+@pytest.mark.parametrize("text", ["NaN", "Infinity", "-Infinity", '{"x": NaN}', "[Infinity]"])
+def test_jsonio_refuses_non_standard_constants(text):
+    with pytest.raises(jsonio.JSONInputError):
+        jsonio.loads(text)
+
+
+@pytest.mark.parametrize("data", [b"\xc3\x28", b"{'a': 1}", b"{} {}", b"[" * 100_000])
+def test_jsonio_errors_are_json_input_errors(data):
+    with pytest.raises(jsonio.JSONInputError):
+        jsonio.loads(data)
+
+
+def test_jsonio_accepts_str_and_bytes():
+    assert jsonio.loads('{"a": 1.25}') == jsonio.loads(b'{"a": 1.25}') == {"a": Decimal("1.25")}
+
+
+def test_jsonio_dumps_decimals_as_strings():
+    text = jsonio.dumps({"money": Decimal("3027.63"), "at": datetime(2026, 11, 1, tzinfo=UTC)})
+    assert json.loads(text) == {"money": "3027.63", "at": "2026-11-01T00:00:00+00:00"}
+    assert jsonio.loads(jsonio.dumpb({"q": Decimal("0.1")})) == {"q": "0.1"}
