@@ -1,11 +1,12 @@
 """`gpumeter drain`: wait until everything published before it started is rated and stored.
 
-The worker's consumer group commits a sample's offset only after the rated record is
-flushed to Kafka, and a rated record's offset only after ClickHouse stored it. So:
+The worker's consumer group commits a sample's offset only after its rated record is
+flushed to Kafka and stored in ClickHouse, and a dead letter's offset only after it is
+stored. So:
 1. wait until the group's committed offsets reach the samples topic's end offsets
    taken at start;
-2. then take the rated and dead-letter topics' end offsets (everything step 1 caused
-   is in them by now) and wait until the group's commits reach those.
+2. then take the dead-letter topic's end offsets (every dead letter step 1 caused is in
+   it by now) and wait until the group's commits reach those.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def drain(settings: Settings, timeout: float = 120.0,
     group = settings.kafka.topic_prefix + settings.worker.group
     deadline = time.monotonic() + timeout
     samples = settings.kafka.topic(topics.SAMPLES)
-    downstream = [settings.kafka.topic(topics.RATED), settings.kafka.topic(topics.DEADLETTER)]
+    downstream = [settings.kafka.topic(topics.DEADLETTER)]
 
     def wait_for(stage: str, targets: Mapping[TopicPartition, int]) -> None:
         while True:

@@ -1,4 +1,4 @@
-"""Batch writer from the rated and dead-letter topics into ClickHouse.
+"""Batch writer of rated samples and dead letters into ClickHouse.
 
 A batch is stored exactly once: duplicates inside it and event_ids already in the table are
 dropped before the insert, and after an ambiguous failure (timeout, server gone) the retry
@@ -13,12 +13,12 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, TypeVar
 
 from clickhouse_connect.driver.client import Client
 
 from gpumeter import clickhouse, jsonio
+from gpumeter.models import RatedUsage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,11 +29,6 @@ RATED_COLUMNS = (
     "capacity_type", "priority", "rate_card", "currency", "unit_price", "capacity_multiplier",
     "list_cost", "utilization", "energy_joules", "labels", "source_partition", "source_offset",
 )
-DECIMAL_COLUMNS = frozenset(
-    {"quantity", "unit_seconds", "unit_price", "capacity_multiplier", "list_cost", "utilization",
-     "energy_joules"}
-)
-TIME_COLUMNS = frozenset({"window_start", "window_end"})
 DEAD_COLUMNS = (
     "reason_code", "reason", "raw", "source_topic", "source_partition", "source_offset", "event_id",
     "tenant", "rejected_at",
@@ -46,25 +41,16 @@ class BadRecord(ValueError):
     """A record on an internal topic that does not have the shape we wrote."""
 
 
-def rated_row(payload: bytes) -> tuple[Any, ...]:
-    """A rated-topic record as a rated_usage row."""
-    try:
-        document = jsonio.loads(payload)
-        row = []
-        for column in RATED_COLUMNS:
-            value = document.get(column)
-            if value is not None and column in DECIMAL_COLUMNS:
-                value = Decimal(value)
-            elif column in TIME_COLUMNS:
-                value = datetime.fromisoformat(value)
-            elif column == "labels":
-                value = value or {}
-            row.append(value)
-        if not row[0] or not row[1]:
-            raise BadRecord("rated record without event_id or tenant")
-        return tuple(row)
-    except (jsonio.JSONInputError, AttributeError, TypeError, ValueError, ArithmeticError) as exc:
-        raise BadRecord(f"unreadable rated record: {exc}") from None
+def rated_row(rated: RatedUsage) -> tuple[Any, ...]:
+    """A rated sample as a rated_usage row, in RATED_COLUMNS order."""
+    return (
+        rated.event_id, rated.tenant, rated.period, rated.kind, rated.cluster, rated.node,
+        rated.namespace, rated.pod, rated.pod_uid, rated.window_start, rated.window_end,
+        rated.quantity, rated.unit_seconds, rated.gpu_model, rated.mig_profile, rated.capacity_type,
+        rated.priority, rated.rate_card, rated.currency, rated.unit_price, rated.capacity_multiplier,
+        rated.list_cost, rated.utilization, rated.energy_joules, rated.labels, rated.source_partition,
+        rated.source_offset,
+    )
 
 
 def dead_row(payload: bytes) -> tuple[Any, ...]:

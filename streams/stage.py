@@ -92,7 +92,8 @@ class RatingStage:
 
 
 def encode_rated(rated: RatedUsage) -> bytes:
-    return jsonio.dumpb(rated.model_dump())
+    """JSON with Decimals as strings (pydantic's serializer; much faster than json + callbacks)."""
+    return rated.model_dump_json().encode()
 
 
 def encode_dead(dead: DeadLetter) -> bytes:

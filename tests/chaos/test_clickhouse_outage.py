@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -28,15 +28,18 @@ from tests.services import Endpoints, isolated_settings, run_cli, start_local_cl
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 
-def committed_rated(settings: Settings) -> int:
-    """How many rated records the worker's group has committed (= claims to have stored)."""
+def committed_samples(settings: Settings) -> int:
+    """How many samples the worker's group has committed (= claims to have rated and stored).
+
+    All samples in this test are valid and unique, so each committed one must be a stored row.
+    """
     group = settings.kafka.topic_prefix + settings.worker.group
-    rated = settings.kafka.topic(topics.RATED)
-    return sum(o for tp, o in kafka.committed_offsets(settings.kafka, group).items() if tp.topic == rated)
+    samples = settings.kafka.topic(topics.SAMPLES)
+    return sum(o for tp, o in kafka.committed_offsets(settings.kafka, group).items() if tp.topic == samples)
 
 
 @pytest.fixture
-def own_clickhouse(tmp_path: Path) -> LocalClickHouse:
+def own_clickhouse(tmp_path: Path) -> Iterator[LocalClickHouse]:
     server = start_local_clickhouse(tmp_path / "clickhouse")
     yield server
     server.stop()
@@ -60,14 +63,14 @@ def test_clickhouse_outage_mid_stream(endpoints: Endpoints, own_clickhouse: Loca
     own_clickhouse.stop()
     publish_lines(settings, lines[4000:])
     time.sleep(3)  # commits of what was stored before the stop have gone out by now
-    committed_early = committed_rated(settings)
+    committed_early = committed_samples(settings)
     time.sleep(6)  # the sink keeps failing and backing off meanwhile
-    committed_late = committed_rated(settings)
+    committed_late = committed_samples(settings)
     assert worker.alive(), worker.log_tail()
     assert committed_late == committed_early, "offsets were committed while nothing could be stored"
 
     own_clickhouse.start(timeout=90)
-    # Every record committed during the outage had been stored before it.
+    # Every sample committed during the outage had been stored before it.
     assert committed_late <= count_rows(settings, "SELECT count() FROM rated_usage")
     assert "storing" in Path(worker.log_path).read_text() and "failed" in Path(worker.log_path).read_text()
 

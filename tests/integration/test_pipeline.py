@@ -40,7 +40,9 @@ def expected_invoices(samples: list[dict[str, Any]]) -> dict[tuple[str, str], di
     return reference_invoices(samples, load_cards_as_documents(), load_tenants_as_documents())
 
 
-def produced_invoices(settings: Settings, periods: set[str], out: Path) -> dict[tuple[str, str], dict[str, Any]]:
+def produced_invoices(
+    settings: Settings, periods: set[str], out: Path
+) -> dict[tuple[str, str], dict[str, Any]]:
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for period in sorted(periods):
         result = run_cli(settings, "invoice", "--all-tenants", "--period", period, "--format", "json",
