@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint unit integration bench testbin up down status clean
+.PHONY: install proto demo test lint unit integration bench testbin up down status clean
 
 install: $(STAMP)
 
@@ -16,10 +16,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# The kubelet PodResources gRPC stubs, generated from collectors/proto/podresources_v1.proto.
+proto: install
+	$(BIN)/python -m collectors.proto.generate
+
 demo: install
 	$(BIN)/gpumeter demo
 
-lint: install
+lint: install proto
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
@@ -35,8 +39,9 @@ unit: install
 integration: install
 	$(BIN)/python -m pytest tests/integration tests/chaos
 
-bench: install
+bench: install proto
 	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/agent.py
 
 up: install
 	$(BIN)/gpumeter up

@@ -31,13 +31,12 @@ Per running pod and window: one ``gpu`` sample plus ``cpu`` (cores), ``memory`` 
 with one decimal, energy = power x window seconds, GPU memory used) rides on the gpu
 sample; the memory sample carries host memory used.
 
-Decision on MIG quantities: a MIG sample has ``quantity = 1`` meaning *one MIG slice*,
-with ``mig_profile`` set (e.g. ``A100-SXM-40GB`` + ``1g.5gb``). The rate card prices that
-pair per slice-hour (0.40 USD in card 2026-11), so one slice-hour must be one unit-hour;
-expressing the slice as 1/7 GPU would both be inexact in decimal and price the slice at
-1/7 of the slice price. Consumers that need physical GPUs (e.g. per-node capacity) count
-a sample with a ``mig_profile`` as ``1 / slices_per_gpu`` of a GPU; the gpu sample labels
-``gpumeter.io/gpus`` (GPU indices) and ``gpumeter.io/mig-slice`` say which device it is.
+MIG quantities follow contract 1 ("GPUs, fractions for MIG"), exactly as the NVML agent
+reports them: a ``1g.5gb`` slice of a 7-slice A100 is ``gpu_share(1, 7)`` =
+0.142857142857 GPU (12 places, half-even), with ``mig_profile`` set. The rate card's
+(A100-SXM-40GB, 1g.5gb) price is therefore per GPU-hour of MIG capacity. The gpu sample
+labels ``gpumeter.io/gpus`` (GPU indices) and ``gpumeter.io/mig-slice`` say which device
+it is.
 
 Identity and determinism
 ------------------------
@@ -67,7 +66,7 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from collectors.sim_hardware import GIB, GPU_SPECS, GpuSpec, node_topology
-from gpumeter.models import CAPACITY_TYPES, CapacityType, NodeTopology, UsageSample
+from gpumeter.models import CAPACITY_TYPES, CapacityType, NodeTopology, UsageSample, gpu_share
 from gpumeter.validation import TENANT_PATTERN
 
 __all__ = [
@@ -687,7 +686,7 @@ class SimulatedFleet:
         if job.mig_slot is not None:
             gpu_labels[MIG_SLICE_LABEL] = str(job.mig_slot[1])
         quantities = {
-            "gpu": Decimal(1 if mig else job.gpus),
+            "gpu": gpu_share(1, spec.mig_slices) if mig else Decimal(job.gpus),
             "cpu": job.cpu,
             "memory": job.memory_gib,
             "storage": job.storage_gib,

@@ -170,9 +170,15 @@ def cmd_invoice(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_collect(settings: Settings, args: argparse.Namespace) -> int:
     if args.source == "nvml":
-        from collectors.agent import run_nvml_agent  # type: ignore[attr-defined]
+        from collectors.agent import AgentConfig, run_agent
+        from collectors.nvml_source import NvmlUnavailable
 
-        return run_nvml_agent(settings)
+        try:
+            cycles = run_agent(settings, "nvml", config=AgentConfig.from_env())
+        except NvmlUnavailable as exc:
+            raise Failure(f"NVML is not available on this node: {exc}") from None
+        print(f"agent stopped after {cycles} collection cycles")
+        return 0
     from collectors.fleet_runner import run_simulated
 
     published = run_simulated(settings, seed=args.seed, windows=args.windows or None, speed=args.speed)

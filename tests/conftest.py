@@ -10,7 +10,7 @@ import pytest
 from gpumeter import clickhouse, kafka
 from gpumeter.runtime.worker_process import WorkerProcess
 from gpumeter.settings import Settings
-from tests.services import Endpoints, isolated_settings, session_endpoints
+from tests.services import Endpoints, isolated_settings, session_endpoints, start_local_broker
 
 pytest_plugins = ["tests.kube.fixtures"]
 
@@ -44,3 +44,28 @@ def worker_factory(tmp_path: Path) -> Iterator[object]:
     yield start
     for worker in started:
         worker.stop()
+
+
+class StoppableBroker:
+    """A dedicated local broker a test may stop and restart; its data survives the restart."""
+
+    def __init__(self, home: Path) -> None:
+        self._broker = start_local_broker(home)
+
+    @property
+    def bootstrap(self) -> str:
+        return self._broker.bootstrap
+
+    def stop(self) -> None:
+        self._broker.stop()
+
+    def start(self) -> None:
+        self._broker.start()
+        kafka.wait_for_broker(self.bootstrap, timeout=90)
+
+
+@pytest.fixture
+def kafka_service(tmp_path: Path) -> Iterator[StoppableBroker]:
+    broker = StoppableBroker(tmp_path / "own-kafka")
+    yield broker
+    broker.stop()

@@ -119,10 +119,10 @@ def test_all_kinds_capacity_types_and_mig_present(crossing_samples: list[dict[st
     mig = [s for s in gpu if s["mig_profile"] is not None]
     assert mig
     for sample in mig:
-        # Decision: one MIG slice = quantity 1 with the profile set (priced per slice-hour).
+        # Contract 1: MIG is a fraction of a GPU; one of seven slices, to 12 places half-even.
         assert sample["gpu_model"] == "A100-SXM-40GB"
         assert sample["mig_profile"] == "1g.5gb"
-        assert sample["quantity"] == "1"
+        assert sample["quantity"] == "0.142857142857"
     assert {s["priority"] for s in gpu} >= {0, 100, 1000}
 
 

@@ -1,0 +1,58 @@
+"""The real NVML source on a machine with an NVIDIA GPU and driver (skipped elsewhere, with the reason)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from collectors.nvml_source import NvmlSource, NvmlUnavailable
+
+pytestmark = [pytest.mark.agent, pytest.mark.gpu]
+
+
+@pytest.fixture
+def source() -> Iterator[NvmlSource]:
+    real = NvmlSource()  # the real pynvml module
+    try:
+        real.start()
+    except NvmlUnavailable as exc:
+        pytest.skip(f"no NVIDIA driver: {exc}")
+    try:
+        yield real
+    finally:
+        real.stop()
+
+
+def test_inventory_is_sane(source: NvmlSource) -> None:
+    inventory = source.inventory
+    assert inventory, "NVML started but reports no GPU"
+    assert [g.index for g in inventory] == list(range(len(inventory)))
+    for gpu in inventory:
+        assert gpu.uuid.startswith("GPU-")
+        assert gpu.name and gpu.model
+        assert gpu.memory_total_bytes is None or gpu.memory_total_bytes > 1024**3
+        for mig in gpu.mig_instances:
+            assert mig.uuid.startswith("MIG-") and 0 < mig.share <= 1
+
+
+def test_a_window_of_readings_is_sane(source: NvmlSource) -> None:
+    source.read()
+    time.sleep(2.0)
+    readings = source.read()
+    for gpu in source.inventory:
+        reading = readings[gpu.uuid]
+        assert not reading.lost
+        if reading.utilization is not None:
+            assert 0 <= reading.utilization <= 1
+        if reading.memory_used_bytes is not None and gpu.memory_total_bytes is not None:
+            assert 0 <= reading.memory_used_bytes <= gpu.memory_total_bytes
+        if reading.power_watts is not None:
+            assert 0 < reading.power_watts < 2000
+        if reading.energy_joules is not None:
+            assert 0 <= reading.energy_joules < 2000 * 3  # < 2 kW over ~2 s (with slack)
+    topology = source.topology("test", "this-node")
+    assert len(topology.gpus) == len(source.inventory)
+    n = len(topology.gpus)
+    assert len(topology.links) <= n * (n - 1) // 2

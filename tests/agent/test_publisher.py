@@ -1,0 +1,190 @@
+"""Publisher logic against an in-memory producer double (the real-broker test is test_spool_kafka.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka.errors import KafkaTimeoutError
+
+from collectors.publisher import Publisher, decode_message
+from collectors.samples import event_id
+from collectors.spool import Spool
+from gpumeter import jsonio
+from gpumeter.kafka import KafkaUnavailable
+from gpumeter.models import NodeTopology, UsageSample, parse_sample
+from gpumeter.settings import KafkaSettings
+
+pytestmark = pytest.mark.agent
+
+START = datetime(2026, 11, 3, 10, 15, tzinfo=UTC)
+END = datetime(2026, 11, 3, 10, 15, 15, tzinfo=UTC)
+
+
+def sample(n: int, tenant: str = "team-a") -> UsageSample:
+    return UsageSample(
+        event_id=event_id("c", "n", f"uid-{n}", "cpu", "cpu", START),
+        kind="cpu",
+        cluster="c",
+        node="n",
+        tenant=tenant,
+        namespace=tenant,
+        pod=f"p{n}",
+        pod_uid=f"uid-{n}",
+        window_start=START,
+        window_end=END,
+        quantity=Decimal("1.5"),
+    )
+
+
+class _Future:
+    def __init__(self, ok: bool) -> None:
+        self.is_done = ok
+        self._ok = ok
+
+    def succeeded(self) -> bool:
+        return self._ok
+
+
+class RecordingProducer:
+    """Acknowledges (and records) sends while ``up``; otherwise its futures never complete."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.closed = False
+
+    def send(self, topic: str, key: bytes, value: bytes) -> _Future:
+        if self.broker.block_sends:
+            raise KafkaTimeoutError("metadata not available")
+        if self.broker.up:
+            self.broker.log.append((topic, key, value))
+        return _Future(self.broker.up)
+
+    def flush(self, timeout: float | None = None) -> None:
+        if not self.broker.up:
+            raise KafkaTimeoutError("flush timed out")
+
+    def close(self, timeout: float | None = None) -> None:
+        self.closed = True
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.up = True
+        self.block_sends = False
+        self.reachable = True
+        self.log: list[tuple[str, bytes, bytes]] = []
+        self.producers = 0
+
+    def factory(self) -> Any:
+        if not self.reachable:
+            raise KafkaUnavailable("no Kafka broker answers")
+        self.producers += 1
+        return RecordingProducer(self)
+
+    def sample_ids(self) -> list[str]:
+        return [parse_sample(value).event_id for topic, _, value in self.log if topic.endswith("samples.v1")]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def broker() -> Broker:
+    return Broker()
+
+
+def make(broker: Broker, tmp_path: Path, clock: Clock | None = None) -> Publisher:
+    return Publisher(
+        KafkaSettings(topic_prefix="t."),
+        Spool(tmp_path / "spool"),
+        producer_factory=broker.factory,
+        send_timeout=0.1,
+        retry_seconds=5.0,
+        clock=clock or Clock(),
+    )
+
+
+def test_samples_go_to_the_samples_topic_keyed_by_tenant(broker: Broker, tmp_path: Path) -> None:
+    publisher = make(broker, tmp_path)
+    result = publisher.publish([sample(1), sample(2, tenant="team-b")])
+    assert result.sent == 2 and result.spooled == 0
+    assert [(t, k) for t, k, _ in broker.log] == [
+        ("t.gpumeter.usage.samples.v1", b"team-a"),
+        ("t.gpumeter.usage.samples.v1", b"team-b"),
+    ]
+    assert parse_sample(broker.log[0][2]) == sample(1)
+
+
+def test_outage_spools_then_replays_oldest_first(broker: Broker, tmp_path: Path) -> None:
+    clock = Clock()
+    publisher = make(broker, tmp_path, clock)
+    publisher.publish([sample(0)])
+    broker.up = False
+    result = publisher.publish([sample(1), sample(2)])
+    assert result.sent == 0 and result.spooled == 2 and not publisher.kafka_up
+    # while down (and before the retry time) new samples go straight behind the backlog
+    broker.up = True
+    result = publisher.publish([sample(3)])
+    assert result.spooled == 1 and publisher.spool.records == 3
+    clock.now += 10
+    result = publisher.publish([sample(4)])
+    assert result.replayed == 3 and result.sent == 1
+    assert broker.sample_ids() == [sample(n).event_id for n in range(5)]
+    assert publisher.spool.records == 0 and publisher.kafka_up
+
+
+def test_unreachable_at_start_spools_and_retries_later(broker: Broker, tmp_path: Path) -> None:
+    clock = Clock()
+    broker.reachable = False
+    publisher = make(broker, tmp_path, clock)
+    assert publisher.publish([sample(1)]).spooled == 1
+    broker.reachable = True
+    assert publisher.publish([sample(2)]).spooled == 1  # retry not due yet
+    clock.now += 6
+    result = publisher.publish([sample(3)])
+    assert result.replayed == 2 and result.sent == 1
+    assert broker.sample_ids() == [sample(n).event_id for n in (1, 2, 3)]
+
+
+def test_blocked_send_spools_the_rest(broker: Broker, tmp_path: Path) -> None:
+    publisher = make(broker, tmp_path)
+    broker.block_sends = True
+    result = publisher.publish([sample(1), sample(2)])
+    assert result.spooled == 2
+    values = [decode_message(p) for p in publisher.spool.iter_records()]
+    assert [parse_sample(v).event_id for _, v in values] == [sample(1).event_id, sample(2).event_id]
+
+
+def test_spool_survives_an_agent_restart(broker: Broker, tmp_path: Path) -> None:
+    broker.up = False
+    first = make(broker, tmp_path)
+    first.publish([sample(1), sample(2)])
+    first.close(timeout=0.1)
+    broker.up = True
+    second = make(broker, tmp_path)
+    assert second.spool.records == 2
+    second.publish([])
+    assert broker.sample_ids() == [sample(1).event_id, sample(2).event_id]
+
+
+def test_topology_is_retried_until_acknowledged(broker: Broker, tmp_path: Path) -> None:
+    clock = Clock()
+    publisher = make(broker, tmp_path, clock)
+    topology = NodeTopology(cluster="c", node="gpu-node-1", gpus=[], links={}, at=START)
+    broker.up = False
+    assert not publisher.publish_topology(topology)
+    broker.up = True
+    clock.now += 10
+    publisher.publish([])
+    topics = [(t, k) for t, k, _ in broker.log]
+    assert topics == [("t.gpumeter.node.topology.v1", b"gpu-node-1")]
+    assert jsonio.loads(broker.log[0][2])["node"] == "gpu-node-1"
