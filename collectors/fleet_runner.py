@@ -9,6 +9,7 @@ from typing import Any
 from collectors.simulated import FleetConfig, SimulatedFleet
 from gpumeter import jsonio, topics
 from gpumeter.kafka import make_producer
+from gpumeter.records import RecordBatcher
 from gpumeter.settings import Settings
 
 
@@ -28,9 +29,15 @@ class FleetPublisher:
                                value=jsonio.dumpb(node.model_dump()))
 
     def publish_window(self) -> list[dict[str, Any]]:
+        """One window of the fleet, as multi-sample records per tenant (gpumeter/records.py)."""
         samples = self.fleet.step_dicts()
+        batcher = RecordBatcher()
         for sample in samples:
-            self.producer.send(self.samples_topic, key=sample["tenant"].encode(), value=jsonio.dumpb(sample))
+            ready = batcher.add(sample["tenant"].encode(), jsonio.dumpb(sample))
+            if ready is not None:
+                self.producer.send(self.samples_topic, key=ready[0], value=ready[1])
+        for key, record, _count in batcher.drain():
+            self.producer.send(self.samples_topic, key=key, value=record)
         self.published += len(samples)
         return samples
 

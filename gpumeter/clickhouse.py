@@ -153,12 +153,13 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 source_topic LowCardinality(String),
                 source_partition Int32,
                 source_offset Int64,
+                source_index UInt32,
                 event_id Nullable(String),
                 tenant Nullable(String),
                 rejected_at DateTime64(3, 'UTC')
             )
             ENGINE = ReplacingMergeTree
-            ORDER BY (source_topic, source_partition, source_offset)
+            ORDER BY (source_topic, source_partition, source_offset, source_index)
             """,
             """
             CREATE TABLE IF NOT EXISTS usage_hourly (

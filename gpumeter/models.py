@@ -184,6 +184,7 @@ class DeadLetter(BaseModel):
     source_topic: str
     source_partition: int
     source_offset: int
+    source_index: int = 0  # line within a multi-sample record (gpumeter/records.py)
     event_id: str | None = None
     tenant: str | None = None
     rejected_at: UtcTimestamp
@@ -229,13 +230,14 @@ class NodeTopology(BaseModel):
 
 def dead_letter(
     raw: bytes, code: str, reason: str, source_topic: str, partition: int, offset: int,
-    sample: UsageSample | None = None,
+    sample: UsageSample | None = None, index: int = 0,
 ) -> DeadLetter:
     """A dead letter for ``raw``, naming its event_id and tenant when they can be read."""
     event_id, tenant = (sample.event_id, sample.tenant) if sample else _readable_ids(raw)
     return DeadLetter(
         reason_code=code, reason=reason, raw=jsonio.raw_text(raw), source_topic=source_topic,
-        source_partition=partition, source_offset=offset, event_id=event_id, tenant=tenant,
+        source_partition=partition, source_offset=offset, source_index=index, event_id=event_id,
+        tenant=tenant,
         rejected_at=datetime.now(UTC),
     )
 

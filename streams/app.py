@@ -31,8 +31,8 @@ from typing import Any
 import faust
 from faust.types import EventT, StreamT
 
-from gpumeter import clickhouse, topics
-from gpumeter.models import dead_letter
+from gpumeter import clickhouse, records, topics
+from gpumeter.models import RatedUsage, dead_letter
 from gpumeter.ratecard import load_rate_cards
 from gpumeter.settings import Settings
 from streams.sink import BadRecord, ClickHouseSink, connector, dead_row, rated_row
@@ -62,13 +62,12 @@ class BatchWriter:
         self.pending = PendingBatch()
         self.stream: StreamT | None = None
 
-    async def add(self, event: EventT, row: tuple[Any, ...] | None) -> None:
-        """Hold ``event`` until a flush stores ``row`` (None: nothing to store, ack in order)."""
+    async def add(self, event: EventT, rows: list[tuple[Any, ...]]) -> None:
+        """Hold ``event`` until a flush stores its ``rows`` (none: just acknowledge it in order)."""
         async with self.pending.lock:
             self.pending.events.append(event)
-            if row is not None:
-                self.pending.rows.append(row)
-            full = len(self.pending.events) >= self.batch_size
+            self.pending.rows.extend(rows)
+            full = len(self.pending.rows) >= self.batch_size or len(self.pending.events) >= self.batch_size
         if full:
             await self.flush()
 
@@ -145,14 +144,16 @@ def create_app(settings: Settings) -> faust.App:
         rated_writer.stream = stream
         async for event in stream.events():
             message = event.message
-            outcome = stage.process(event.value, message.partition, message.offset)
-            row = None
-            if outcome.rated is not None:
-                await rated_topic.send(key=outcome.rated.tenant.encode(), value=encode_rated(outcome.rated))
-                row = rated_row(outcome.rated)
-            elif outcome.dead is not None:
-                await dead_topic.send(key=message.key, value=encode_dead(outcome.dead))
-            await rated_writer.add(event, row)
+            rated: list[RatedUsage] = []
+            for outcome in stage.process_record(event.value, message.partition, message.offset):
+                if outcome.rated is not None:
+                    rated.append(outcome.rated)
+                elif outcome.dead is not None:
+                    await dead_topic.send(key=message.key, value=encode_dead(outcome.dead))
+            if rated:
+                # One rated record per sample record: the same per-record economy downstream.
+                await rated_topic.send(key=message.key, value=records.join([encode_rated(r) for r in rated]))
+            await rated_writer.add(event, [rated_row(r) for r in rated])
 
     @app.agent(dead_topic)
     async def sink_dead(stream: StreamT) -> None:
@@ -167,7 +168,7 @@ def create_app(settings: Settings) -> faust.App:
                 message = event.message
                 row = dead_row(encode_dead(dead_letter(
                     event.value, "bad_dead_letter", str(exc), source, message.partition, message.offset)))
-            await dead_writer.add(event, row)
+            await dead_writer.add(event, [row])
 
     @app.timer(worker.sink_batch_seconds)
     async def flush_due() -> None:

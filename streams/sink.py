@@ -30,8 +30,8 @@ RATED_COLUMNS = (
     "list_cost", "utilization", "energy_joules", "labels", "source_partition", "source_offset",
 )
 DEAD_COLUMNS = (
-    "reason_code", "reason", "raw", "source_topic", "source_partition", "source_offset", "event_id",
-    "tenant", "rejected_at",
+    "reason_code", "reason", "raw", "source_topic", "source_partition", "source_offset", "source_index",
+    "event_id", "tenant", "rejected_at",
 )
 # The anti-join sends every event_id of a batch in the query text.
 QUERY_SETTINGS = {"max_query_size": 64 * 1024 * 1024}

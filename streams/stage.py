@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from gpumeter import jsonio
 from gpumeter.models import DeadLetter, RatedUsage, SampleRejected, UsageSample, dead_letter, parse_sample
 from gpumeter.ratecard import RateCardSet
+from gpumeter.records import split
 from pricing.rating import Rater
 
 
@@ -53,19 +54,23 @@ class RatingStage:
         self._seen: OrderedDict[str, tuple[object, ...]] = OrderedDict()
         self.counters = StageCounters()
 
-    def process(self, raw: bytes, partition: int, offset: int) -> Outcome:
+    def process_record(self, record: bytes, partition: int, offset: int) -> list[Outcome]:
+        """Every sample of a (possibly multi-line) Kafka record; see gpumeter/records.py."""
+        return [self.process(line, partition, offset, index) for index, line in enumerate(split(record))]
+
+    def process(self, raw: bytes, partition: int, offset: int, index: int = 0) -> Outcome:
         self.counters.received += 1
         try:
             sample = parse_sample(raw)
         except SampleRejected as exc:
-            return self._dead(raw, partition, offset, exc.code, exc.reason)
+            return self._dead(raw, partition, offset, index, exc.code, exc.reason)
         fingerprint = _fingerprint(sample)
         previous = self._seen.get(sample.event_id)
         if previous is not None:
             self._seen.move_to_end(sample.event_id)
             if previous != fingerprint:
                 return self._dead(
-                    raw, partition, offset, "duplicate_conflict",
+                    raw, partition, offset, index, "duplicate_conflict",
                     f"event_id {sample.event_id} was already seen with different billing fields",
                     sample,
                 )
@@ -74,7 +79,7 @@ class RatingStage:
         try:
             rated = self.rater.rate(sample, partition, offset)
         except SampleRejected as exc:
-            return self._dead(raw, partition, offset, exc.code, exc.reason, sample)
+            return self._dead(raw, partition, offset, index, exc.code, exc.reason, sample)
         self._remember(sample.event_id, fingerprint)
         self.counters.rated += 1
         return Outcome(rated=rated)
@@ -84,11 +89,13 @@ class RatingStage:
         if len(self._seen) > self.dedup_window:
             self._seen.popitem(last=False)
 
-    def _dead(self, raw: bytes, partition: int, offset: int, code: str, reason: str,
+    def _dead(self, raw: bytes, partition: int, offset: int, index: int, code: str, reason: str,
               sample: UsageSample | None = None) -> Outcome:
         self.counters.dead += 1
         self.counters.by_reason[code] = self.counters.by_reason.get(code, 0) + 1
-        return Outcome(dead=dead_letter(raw, code, reason, self.source_topic, partition, offset, sample))
+        return Outcome(
+            dead=dead_letter(raw, code, reason, self.source_topic, partition, offset, sample, index)
+        )
 
 
 def encode_rated(rated: RatedUsage) -> bytes:

@@ -1,0 +1,241 @@
+"""Pipeline throughput and latency beside raw baselines measured in the same run.
+
+    .venv/bin/python benchmarks/pipeline.py [--samples 60000] [--paced-rate 2000]
+
+Measures, on the local services of `gpumeter up` (started if needed), in a namespace of
+its own that is removed afterwards:
+- raw Kafka: the same sample bytes produced and consumed with no processing;
+- raw insert: the same rated rows bulk-inserted into a plain MergeTree table;
+- pipeline, saturated: N samples published at once, time until all are visible in
+  ClickHouse (`gpumeter worker`, one process);
+- pipeline, paced: samples published at a fixed rate, latency publish -> visible
+  (ClickHouse's own insert time of each row minus the producer's send time).
+Prints the ratios pipeline / baseline; machines are noisy, ratios travel better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer
+from rich.console import Console
+from rich.table import Table
+
+from collectors.simulated import FleetConfig, SimulatedFleet
+from gpumeter import clickhouse, jsonio, kafka, topics
+from gpumeter.ratecard import load_rate_cards
+from gpumeter.records import RecordBatcher, split
+from gpumeter.runtime import services
+from gpumeter.runtime.worker_process import WorkerProcess
+from gpumeter.settings import Settings, load_settings
+from gpumeter.topics import TopicSpec
+from streams.sink import RATED_COLUMNS, rated_row
+from streams.stage import RatingStage
+
+console = Console()
+RESULTS = Path(__file__).resolve().parent / "results" / "pipeline-latest.json"
+
+
+def make_payloads(count: int) -> list[dict[str, Any]]:
+    fleet = SimulatedFleet(FleetConfig(seed=3, window_seconds=60,
+                                       nodes={"H100-SXM-80GB": 40, "A100-SXM-40GB": 12, "L40S-48GB": 12}))
+    samples: list[dict[str, Any]] = []
+    while len(samples) < count:
+        samples.extend(fleet.step_dicts())
+    return samples[:count]
+
+
+def bench_settings(base: Settings, tag: str) -> Settings:
+    settings = base.model_copy(deep=True)
+    settings.kafka.topic_prefix = f"bench-{tag}."
+    dsn = clickhouse.parse_dsn(base.clickhouse.dsn)
+    settings.clickhouse.dsn = dsn.url.rsplit("/", 1)[0] + f"/bench_{tag}"
+    settings.worker.group = "gpumeter-bench"
+    return settings
+
+
+def _consume_until(bootstrap: str, topic: str, expected: int, finished: Any) -> None:
+    """Consumer process of the raw baseline: reads until ``expected`` samples, reports the time."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    received = 0
+    while received < expected:
+        for records in consumer.poll(timeout_ms=500, max_records=5000).values():
+            received += sum(len(split(record.value)) for record in records)
+    finished.put(time.time())
+    consumer.close()
+
+
+def raw_kafka(settings: Settings, samples: list[dict[str, Any]]) -> float:
+    """The same bytes, framed the same way, produced by this process and consumed by another
+    with no processing (as the worker is another process): samples per second end to end."""
+    batcher = RecordBatcher()
+    framed = [r for s in samples if (r := batcher.add(s["tenant"].encode(), jsonio.dumpb(s)))]
+    framed.extend(batcher.drain())
+    name = settings.kafka.topic("raw")
+    kafka.ensure_topics(settings.kafka, [TopicSpec("raw", "samples")])
+    finished: Any = multiprocessing.Queue()
+    consumer = multiprocessing.Process(
+        target=_consume_until, args=(settings.kafka.bootstrap, name, len(samples), finished), daemon=True)
+    consumer.start()
+    time.sleep(2.0)  # the consumer has its partitions before the clock starts
+    producer = kafka.make_producer(settings.kafka)
+    started = time.time()
+    for key, record, _count in framed:
+        producer.send(name, key=key, value=record)
+    producer.flush()
+    ended = finished.get(timeout=600)
+    consumer.join(timeout=30)
+    producer.close()
+    return len(samples) / (ended - started)
+
+
+def raw_insert(settings: Settings, samples: list[dict[str, Any]], batch: int) -> float:
+    """Bulk insert of the same rated rows into a plain MergeTree: rows per second."""
+    stage = RatingStage(load_rate_cards(settings.rate_cards), "bench")
+    rows = []
+    for index, sample in enumerate(samples):
+        outcome = stage.process(jsonio.dumpb(sample), 0, index)
+        assert outcome.rated is not None
+        rows.append(rated_row(outcome.rated))
+    client = clickhouse.connect(settings.clickhouse.dsn)
+    client.command("CREATE TABLE raw_rated AS rated_usage ENGINE = MergeTree ORDER BY tuple()")
+    started = time.perf_counter()
+    for start in range(0, len(rows), batch):
+        client.insert("raw_rated", rows[start:start + batch], column_names=list(RATED_COLUMNS))
+    elapsed = time.perf_counter() - started
+    client.close()
+    return len(rows) / elapsed
+
+
+def stored(client: Any) -> int:
+    return int(clickhouse.scalar(client, "SELECT count() FROM rated_usage"))
+
+
+def publish(settings: Settings, samples: list[dict[str, Any]], rate: float | None) -> dict[str, float]:
+    """Send samples (at ``rate`` per second, or at once); returns send time by event_id."""
+    producer = kafka.make_producer(settings.kafka)
+    topic = settings.kafka.topic(topics.SAMPLES)
+    sent: dict[str, float] = {}
+    started = time.time()
+    # As a node agent does: one window's samples per tenant in one record. Paced runs send
+    # a record per 100 ms tick, so a sample's latency includes at most that wait.
+    tick = len(samples) if rate is None else max(1, int(rate / 10))
+    for first in range(0, len(samples), tick):
+        if rate is not None:
+            delay = started + first / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+        batcher = RecordBatcher()
+        now = time.time()
+        for sample in samples[first:first + tick]:
+            sent[sample["event_id"]] = now
+            ready = batcher.add(sample["tenant"].encode(), jsonio.dumpb(sample))
+            if ready is not None:
+                producer.send(topic, key=ready[0], value=ready[1])
+        for key, record, _count in batcher.drain():
+            producer.send(topic, key=key, value=record)
+    producer.flush()
+    producer.close()
+    return sent
+
+
+def wait_stored(client: Any, target: int, timeout: float) -> float:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if stored(client) >= target:
+            return time.time()
+        time.sleep(0.05)
+    raise RuntimeError(f"only {stored(client)} of {target} rows visible after {timeout:.0f} s")
+
+
+def latencies(client: Any, sent: dict[str, float]) -> list[float]:
+    rows = client.query(
+        "SELECT event_id, toFloat64(inserted_at) FROM rated_usage WHERE event_id IN %(ids)s",
+        parameters={"ids": list(sent)}, settings={"max_query_size": 64 * 1024 * 1024},
+    ).result_rows
+    return sorted(max(0.0, float(at) - sent[event_id]) for event_id, at in rows)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    return values[min(len(values) - 1, int(fraction * len(values)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=60_000)
+    parser.add_argument("--paced-rate", type=float, default=2_000.0, help="samples/s for the latency phase")
+    parser.add_argument("--paced-seconds", type=float, default=15.0)
+    args = parser.parse_args(argv)
+
+    base = load_settings()
+    with console.status("starting local services..."):
+        services.up(base)
+    settings = bench_settings(base, uuid.uuid4().hex[:8])
+    kafka.ensure_topics(settings.kafka)
+    client = clickhouse.connect(settings.clickhouse.dsn)
+    clickhouse.migrate(client)
+    paced_count = int(args.paced_rate * args.paced_seconds)
+    samples = make_payloads(args.samples + paced_count + 1)
+    warmup, saturated, paced = samples[0], samples[1:args.samples + 1], samples[args.samples + 1:]
+    worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-bench-{uuid.uuid4().hex[:6]}.log", "warn")
+    results: dict[str, Any] = {"samples": args.samples}
+    try:
+        with console.status("raw Kafka produce+consume..."):
+            results["raw_kafka_per_s"] = raw_kafka(settings, saturated)
+        with console.status("raw ClickHouse bulk insert..."):
+            results["raw_insert_per_s"] = raw_insert(settings, saturated, settings.worker.sink_batch_size)
+        with console.status("starting the worker..."):
+            worker.start()
+            publish(settings, [warmup], None)
+            wait_stored(client, 1, 120)
+        with console.status(f"pipeline, saturated: {args.samples:,} samples..."):
+            first = time.time()
+            publish(settings, saturated, None)
+            last = wait_stored(client, 1 + len(saturated), 900)
+            results["pipeline_per_s"] = len(saturated) / (last - first)
+        with console.status(f"pipeline, paced at {args.paced_rate:,.0f}/s for {args.paced_seconds:.0f} s..."):
+            sent = publish(settings, paced, args.paced_rate)
+            wait_stored(client, 1 + len(saturated) + len(paced), 600)
+            lat = latencies(client, sent)
+            results.update(
+                paced_rate=args.paced_rate,
+                latency_p50_s=statistics.median(lat),
+                latency_p99_s=percentile(lat, 0.99),
+                latency_max_s=lat[-1],
+            )
+    finally:
+        worker.stop()
+        client.command(f"DROP DATABASE IF EXISTS {clickhouse.parse_dsn(settings.clickhouse.dsn).database}")
+        client.close()
+        admin = kafka.admin(settings.kafka)
+        admin.delete_topics([t for t in admin.list_topics() if t.startswith(settings.kafka.topic_prefix)])
+        admin.close()
+
+    results["ratio_vs_raw_kafka"] = results["pipeline_per_s"] / results["raw_kafka_per_s"]
+    results["ratio_vs_raw_insert"] = results["pipeline_per_s"] / results["raw_insert_per_s"]
+    table = Table("measure", "value", title="gpumeter pipeline benchmark (one worker)", title_justify="left")
+    table.add_row("raw Kafka produce+consume", f"{results['raw_kafka_per_s']:,.0f} samples/s")
+    table.add_row("raw ClickHouse bulk insert", f"{results['raw_insert_per_s']:,.0f} rows/s")
+    table.add_row("pipeline ingest -> visible", f"{results['pipeline_per_s']:,.0f} samples/s")
+    table.add_row("  ratio vs raw Kafka", f"{results['ratio_vs_raw_kafka']:.3f}")
+    table.add_row("  ratio vs raw insert", f"{results['ratio_vs_raw_insert']:.3f}")
+    table.add_row(f"latency at {args.paced_rate:,.0f}/s p50", f"{results['latency_p50_s'] * 1000:,.0f} ms")
+    table.add_row(f"latency at {args.paced_rate:,.0f}/s p99", f"{results['latency_p99_s'] * 1000:,.0f} ms")
+    console.print(table)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

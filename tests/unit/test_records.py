@@ -1,0 +1,57 @@
+"""Multi-sample Kafka records (gpumeter/records.py) and the rating stage reading them."""
+
+from __future__ import annotations
+
+import json
+
+from gpumeter.ratecard import load_rate_cards
+from gpumeter.records import RecordBatcher, join, split
+from gpumeter.settings import DEFAULTS_DIR
+from streams.stage import RatingStage
+
+
+def sample(event_id: str, tenant: str = "team-a", quantity: str = "1") -> bytes:
+    return json.dumps({
+        "event_id": event_id, "kind": "cpu", "cluster": "c", "node": "n", "tenant": tenant,
+        "namespace": tenant, "pod": "p", "pod_uid": "u", "window_start": "2026-11-03T00:00:00Z",
+        "window_end": "2026-11-03T00:01:00Z", "quantity": quantity,
+    }).encode()
+
+
+def test_a_single_object_record_is_one_line() -> None:
+    assert split(sample("a")) == [sample("a")]
+    assert split(b"\n" + sample("a") + b"\n\n") == [sample("a")]
+
+
+def test_batches_keep_order_per_key_and_respect_the_count_bound() -> None:
+    batcher = RecordBatcher(max_samples=3)
+    payloads = [(b"team-a" if i % 2 else b"team-b", sample(f"e{i}")) for i in range(10)]
+    records = [ready for key, value in payloads if (ready := batcher.add(key, value))]
+    records += list(batcher.drain())
+    for key in (b"team-a", b"team-b"):
+        lines = [line for k, record, count in records if k == key for line in split(record)]
+        assert lines == [value for k, value in payloads if k == key]
+    assert all(count == len(split(record)) <= 3 for _, record, count in records)
+    assert sum(count for _, _, count in records) == 10
+    assert list(batcher.drain()) == []
+
+
+def test_batches_respect_the_byte_bound() -> None:
+    line = sample("x")
+    batcher = RecordBatcher(max_samples=1000, max_bytes=3 * (len(line) + 1))
+    records = [ready for _ in range(7) if (ready := batcher.add(b"k", line))]
+    records += list(batcher.drain())
+    assert [count for _, _, count in records] == [3, 3, 1]
+    assert all(len(record) <= 3 * (len(line) + 1) for _, record, _ in records)
+
+
+def test_stage_rates_each_line_and_dead_letters_bad_ones_with_their_index() -> None:
+    stage = RatingStage(load_rate_cards(DEFAULTS_DIR / "ratecards"), "samples")
+    record = join([sample("a"), b"not json", sample("b", quantity="-1"), sample("a"), sample("c")])
+    outcomes = stage.process_record(record, partition=2, offset=40)
+    assert [o.rated.event_id for o in outcomes if o.rated] == ["a", "c"]
+    dead = [o.dead for o in outcomes if o.dead]
+    assert [(d.source_partition, d.source_offset, d.source_index, d.reason_code) for d in dead] == [
+        (2, 40, 1, "not_json"), (2, 40, 2, "invalid"),
+    ]
+    assert [o.duplicate for o in outcomes] == [False, False, False, True, False]
