@@ -190,6 +190,8 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
         "duplicates_injected": stats.injected_duplicates,
         "malformed_injected": stats.injected_bad,
         "dead_letters": stats.dead,
+        # Measured, not assumed: what was published and neither stored nor dead-lettered.
+        "duplicates_dropped": stats.published - stats.stored - stats.dead,
         "stored_per_second": round(stats.stored / elapsed, 1),
         "fleet_clock_end": stats.fleet_clock.isoformat() if stats.fleet_clock else None,
         "invoices": documents,
@@ -197,7 +199,8 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(
         f"stored {stats.stored:,} rated samples in {elapsed:.0f} s ({summary['stored_per_second']:,}/s), "
-        f"{stats.dead} dead letters, {stats.injected_duplicates} duplicates dropped; "
+        f"{stats.dead} dead letters, {summary['duplicates_dropped']} duplicates dropped "
+        f"({stats.injected_duplicates} injected); "
         f"invoices in {invoice_dir}/, summary in {out_dir / 'summary.json'}"
     )
     console.print("Kafka and ClickHouse keep running for exploration; `gpumeter down` stops them.")
