@@ -150,7 +150,9 @@ class LocalBroker:
         if not (self.home / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             result = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)),
+                # --cluster-id=ID, not "-t ID": a base64 id may start with "-" and read as an option.
+                self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                           f"--config={properties}"),
                 capture_output=True, text=True, check=False,
             )
             if result.returncode != 0:
