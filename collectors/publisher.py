@@ -27,7 +27,7 @@ from typing import Any
 from kafka.errors import KafkaError
 
 from collectors.spool import Spool
-from gpumeter import jsonio
+from gpumeter import jsonio, records
 from gpumeter.kafka import KafkaUnavailable, make_producer
 from gpumeter.models import NodeTopology, UsageSample
 from gpumeter.settings import KafkaSettings
@@ -150,20 +150,27 @@ class Publisher:
     def _send(
         self, producer: Any, topic: str, messages: Sequence[tuple[bytes, bytes]], timeout: float
     ) -> list[int]:
-        """Send and wait; returns the indexes of the messages the broker did not acknowledge."""
+        """Send and wait; returns the indexes of the messages the broker did not acknowledge.
+
+        Samples go out as multi-sample records per tenant (gpumeter/records.py): the worker
+        pays its per-record cost once per record, not once per sample. A record that is
+        not acknowledged fails every sample in it, so those are spooled and replayed.
+        """
+        groups = records.group_by_key(list(messages))
         futures: list[Any] = []
         try:
-            for key, value in messages:
+            for key, members in groups:
+                value = records.join([messages[i][1] for i in members])
                 futures.append(producer.send(topic, key=key, value=value))
         except KafkaError as exc:
-            log.warning("Kafka send failed after %d of %d records: %s", len(futures), len(messages), exc)
+            log.warning("Kafka send failed after %d of %d records: %s", len(futures), len(groups), exc)
         try:
             producer.flush(timeout=timeout)
         except KafkaError as exc:
             log.warning("Kafka flush did not finish in %.1f s: %s", timeout, exc)
-        failed = [i for i, future in enumerate(futures) if not (future.is_done and future.succeeded())]
-        failed.extend(range(len(futures), len(messages)))
-        return failed
+        failed_groups = [i for i, future in enumerate(futures) if not (future.is_done and future.succeeded())]
+        failed_groups.extend(range(len(futures), len(groups)))
+        return sorted(index for g in failed_groups for index in groups[g][1])
 
     def _send_payloads(self, payloads: list[bytes]) -> None:
         """Send spooled payloads; raise DeliveryFailed unless every one was acknowledged."""

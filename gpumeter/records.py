@@ -57,3 +57,26 @@ class RecordBatcher:
                 yield key, join(lines), len(lines)
         self._lines.clear()
         self._sizes.clear()
+
+
+def group_by_key(
+    messages: list[tuple[bytes, bytes]],
+    max_samples: int = MAX_BATCH_SAMPLES,
+    max_bytes: int = MAX_BATCH_BYTES,
+) -> list[tuple[bytes, list[int]]]:
+    """Indexes of ``messages`` (key, one JSON line) grouped into records: per key, in order, bounded.
+
+    For senders that must map a failed record back to the samples in it (the node agent's
+    spool keeps samples, not records).
+    """
+    open_groups: dict[bytes, tuple[list[int], int]] = {}
+    closed: list[tuple[bytes, list[int]]] = []
+    for index, (key, value) in enumerate(messages):
+        members, size = open_groups.get(key, ([], 0))
+        if members and (len(members) >= max_samples or size + len(value) + 1 > max_bytes):
+            closed.append((key, members))
+            members, size = [], 0
+        members.append(index)
+        open_groups[key] = (members, size + len(value) + 1)
+    closed.extend((key, members) for key, (members, _) in open_groups.items() if members)
+    return closed

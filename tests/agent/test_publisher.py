@@ -16,6 +16,7 @@ from collectors.spool import Spool
 from gpumeter import jsonio
 from gpumeter.kafka import KafkaUnavailable
 from gpumeter.models import NodeTopology, UsageSample, parse_sample
+from gpumeter.records import split
 from gpumeter.settings import KafkaSettings
 
 pytestmark = pytest.mark.agent
@@ -86,7 +87,12 @@ class Broker:
         return RecordingProducer(self)
 
     def sample_ids(self) -> list[str]:
-        return [parse_sample(value).event_id for topic, _, value in self.log if topic.endswith("samples.v1")]
+        return [
+            parse_sample(line).event_id
+            for topic, _, value in self.log
+            if topic.endswith("samples.v1")
+            for line in split(value)
+        ]
 
 
 class Clock:
@@ -188,3 +194,14 @@ def test_topology_is_retried_until_acknowledged(broker: Broker, tmp_path: Path) 
     topics = [(t, k) for t, k, _ in broker.log]
     assert topics == [("t.gpumeter.node.topology.v1", b"gpu-node-1")]
     assert jsonio.loads(broker.log[0][2])["node"] == "gpu-node-1"
+
+
+def test_samples_go_out_as_one_record_per_tenant(tmp_path: Path) -> None:
+    broker = Broker()
+    publisher = make(broker, tmp_path, Clock())
+    batch = [sample(n, tenant="team-a" if n % 2 else "team-b") for n in range(10)]
+    assert publisher.publish(batch).sent == 10
+    sent = [(key, value) for topic, key, value in broker.log if topic.endswith("samples.v1")]
+    assert sorted(key for key, _ in sent) == [b"team-a", b"team-b"]
+    for key, value in sent:
+        assert [parse_sample(line).tenant for line in split(value)] == [key.decode()] * 5

@@ -23,6 +23,7 @@ from collectors.spool import Spool
 from gpumeter import clickhouse
 from gpumeter.kafka import ensure_topics
 from gpumeter.models import UsageSample, parse_sample
+from gpumeter.records import split
 from gpumeter.runtime.worker_process import WorkerProcess
 from gpumeter.settings import KafkaSettings
 from gpumeter.topics import SAMPLES
@@ -67,7 +68,7 @@ def consume(kafka: KafkaSettings, expected: int, timeout: float = 60) -> list[Us
     try:
         while len(got) < expected and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=1000).values():
-                got.extend(parse_sample(record.value) for record in records)
+                got.extend(parse_sample(line) for record in records for line in split(record.value))
     finally:
         consumer.close()
     return got

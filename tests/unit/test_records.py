@@ -55,3 +55,18 @@ def test_stage_rates_each_line_and_dead_letters_bad_ones_with_their_index() -> N
         (2, 40, 1, "not_json"), (2, 40, 2, "invalid"),
     ]
     assert [o.duplicate for o in outcomes] == [False, False, False, True, False]
+
+
+def test_group_by_key_maps_every_message_to_one_bounded_record_in_order() -> None:
+    from gpumeter.records import group_by_key
+
+    messages = [(b"a" if i % 3 else b"b", sample(f"e{i}")) for i in range(11)]
+    groups = group_by_key(messages, max_samples=3)
+    assert sorted(i for _, members in groups for i in members) == list(range(11))
+    for key, members in groups:
+        assert all(messages[i][0] == key for i in members)
+        assert members == sorted(members) and len(members) <= 3
+    # Per key, records come in message order: concatenated they give the key's messages.
+    for key in (b"a", b"b"):
+        ordered = [i for k, members in groups if k == key for i in members]
+        assert ordered == [i for i, (k, _) in enumerate(messages) if k == key]
