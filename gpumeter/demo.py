@@ -163,7 +163,7 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
 def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, out_dir: Path,
            console: Console) -> int:
     from pricing.exports import write_invoice
-    from pricing.issue import billable_tenants, invoice_for
+    from pricing.issue import billable_tenants, billing, invoice_for
 
     periods = [str(row[0]) for row in client.query(
         "SELECT DISTINCT period FROM rated_usage ORDER BY period").result_rows]
@@ -171,17 +171,17 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
     table = Table("tenant", "period", "lines", "subtotal", "true-up", "credits", "total",
                   title="invoices (USD)", title_justify="left")
     documents = []
-    for period in periods:
-        for tenant in billable_tenants(settings, period):
-            invoice = invoice_for(settings, tenant, period)
-            if invoice is None:
-                continue
-            for fmt in ("json", "csv"):
-                write_invoice(invoice, fmt, invoice_dir)
-            document = invoice.to_document()
-            documents.append(document)
-            table.add_row(tenant, period, str(len(invoice.lines)), document["subtotal"],  # type: ignore[arg-type]
-                          document["commitment_true_up"], document["credits"], document["total"])  # type: ignore[arg-type]
+    with billing(settings) as context:
+        for period in periods:
+            for tenant in billable_tenants(context, period):
+                invoice = invoice_for(context, tenant, period)
+                for fmt in ("json", "csv"):
+                    write_invoice(invoice, fmt, invoice_dir)
+                document = invoice.to_document()
+                documents.append(document)
+                table.add_row(tenant, period, str(len(invoice.lines)), str(document["subtotal"]),
+                              str(document["commitment_true_up"]), str(document["credits"]),
+                              str(document["total"]))
     console.print(table)
     summary = {
         "wall_seconds": round(elapsed, 1),
