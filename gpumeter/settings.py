@@ -64,6 +64,8 @@ class WorkerSettings(BaseModel):
     sink_batch_seconds: Annotated[float, Field(gt=0, le=60)] = 0.5
     # Upper bound of the sink's exponential back-off while ClickHouse is down.
     sink_max_backoff_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    # Prometheus /metrics of the worker; 0 turns it off.
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9465
 
 
 class Settings(BaseModel):

@@ -35,6 +35,7 @@ from gpumeter import clickhouse, records, topics
 from gpumeter.models import RatedUsage, dead_letter
 from gpumeter.ratecard import load_rate_cards
 from gpumeter.settings import Settings
+from streams import metrics
 from streams.sink import BadRecord, ClickHouseSink, connector, dead_row, rated_row
 from streams.stage import RatingStage, encode_dead, encode_rated
 
@@ -169,6 +170,14 @@ def create_app(settings: Settings) -> faust.App:
                 row = dead_row(encode_dead(dead_letter(
                     event.value, "bad_dead_letter", str(exc), source, message.partition, message.offset)))
             await dead_writer.add(event, [row])
+
+    pending = {"rated": 0, "dead letters": 0}
+    metrics.serve(metrics.WorkerCollector(stage.counters, sink.counters, pending), worker.metrics_port)
+
+    @app.timer(1.0)
+    async def measure_pending() -> None:
+        pending["rated"] = len(rated_writer.pending.rows)
+        pending["dead letters"] = len(dead_writer.pending.rows)
 
     @app.timer(worker.sink_batch_seconds)
     async def flush_due() -> None:

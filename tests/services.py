@@ -107,6 +107,7 @@ def isolated_settings(endpoints: Endpoints, data_dir: Path, clickhouse_url: str 
     settings.worker.sink_batch_size = 500
     settings.worker.sink_batch_seconds = 0.2
     settings.worker.sink_max_backoff_seconds = 2.0
+    settings.worker.metrics_port = 0  # workers of several tests must not compete for one port
     return settings
 
 

@@ -7,6 +7,7 @@ implementation of contract 3 that shares no code with pricing/.
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from tests.integration.usage_files import (
     make_samples,
     write_usage_file,
 )
-from tests.services import run_cli, wait_until
+from tests.services import free_port, run_cli, wait_until
 from tests.unit.reference_billing import reference_invoices
 
 pytestmark = pytest.mark.integration
@@ -65,6 +66,16 @@ def assert_invoices_match(produced: dict[tuple[str, str], dict[str, Any]],
         assert produced[key]["subtotal"] == "0.00", key
 
 
+def scrape(port: int) -> dict[str, float]:
+    """The worker's /metrics as {name{labels}: value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines() if line and not line.startswith("#")
+    }
+
+
 def count_rows(settings: Settings, sql: str) -> int:
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
@@ -89,6 +100,7 @@ def test_ingest_with_duplicates_and_malformed_lines_bills_exactly(
     usage = tmp_path / "usage.jsonl"
     write_usage_file(usage, valid, duplicates=300, seed=11)
 
+    settings.worker.metrics_port = free_port()
     worker_factory(settings)
     ingest = run_cli(settings, "ingest", str(usage))
     assert ingest.returncode == 2, ingest.stderr  # rejected lines make it exit 2
@@ -115,6 +127,14 @@ def test_ingest_with_duplicates_and_malformed_lines_bills_exactly(
     expected = expected_invoices(valid)
     produced = produced_invoices(settings, {p for _, p in expected}, tmp_path / "out")
     assert_invoices_match(produced, expected)
+    # The worker's own account agrees: every line it read is rated, dead-lettered or a duplicate.
+    metrics = scrape(settings.worker.metrics_port)
+    assert metrics['gpumeter_worker_samples_total{outcome="rated"}'] == unique
+    assert metrics['gpumeter_worker_samples_total{outcome="dead_letter"}'] == 1
+    assert metrics['gpumeter_worker_samples_total{outcome="duplicate"}'] == 300
+    assert metrics['gpumeter_worker_dead_letters_total{reason="no_rate"}'] == 1
+    assert metrics["gpumeter_worker_rows_stored_total"] == unique
+
     team_a = produced[("team-a", "2026-11")]
     h100 = [ln for ln in team_a["lines"] if ln["gpu_model"] == "H100-SXM-80GB"
             and ln["capacity_type"] == "on-demand"]
