@@ -70,3 +70,13 @@ def test_group_by_key_maps_every_message_to_one_bounded_record_in_order() -> Non
     for key in (b"a", b"b"):
         ordered = [i for k, members in groups if k == key for i in members]
         assert ordered == [i for i, (k, _) in enumerate(messages) if k == key]
+
+
+def test_a_replayed_event_id_with_other_billing_fields_is_a_dead_letter_not_a_silent_drop() -> None:
+    stage = RatingStage(load_rate_cards(DEFAULTS_DIR / "ratecards"), "samples")
+    first = stage.process(sample("same", quantity="1"), 0, 1)
+    identical = stage.process(sample("same", quantity="1"), 0, 2)
+    conflicting = stage.process(sample("same", quantity="2"), 0, 3)
+    assert first.rated is not None and identical.duplicate
+    assert conflicting.dead is not None and conflicting.dead.reason_code == "duplicate_conflict"
+    assert conflicting.dead.event_id == "same" and conflicting.dead.source_offset == 3
