@@ -1,0 +1,54 @@
+"""deploy/agent/daemonset.yaml against a real kube-apiserver: it is accepted as written, and its
+RBAC grants the agent exactly the reads it makes (checked by the apiserver's authorizer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import utils
+
+pytestmark = [pytest.mark.agent, pytest.mark.kube]
+
+MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "daemonset.yaml"
+AGENT = "system:serviceaccount:gpumeter-system:gpumeter-agent"
+
+
+def allowed(api: Any, verb: str, resource: str, subresource: str = "") -> bool:
+    review = k8s.V1SubjectAccessReview(spec=k8s.V1SubjectAccessReviewSpec(
+        user=AGENT, groups=["system:serviceaccounts", "system:serviceaccounts:gpumeter-system"],
+        resource_attributes=k8s.V1ResourceAttributes(verb=verb, resource=resource, subresource=subresource,
+                                                     group="")))
+    return bool(k8s.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed)
+
+
+def test_manifest_is_accepted_and_rbac_covers_the_agent(kube: Any) -> None:
+    api = kube.api_client()
+    documents = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    try:
+        for document in documents:
+            utils.create_from_dict(api, document)
+        daemonset = k8s.AppsV1Api(api).read_namespaced_daemon_set("gpumeter-agent", "gpumeter-system")
+        assert daemonset.spec.template.spec.service_account_name == "gpumeter-agent"
+
+        for resource in ("pods", "namespaces", "nodes", "persistentvolumeclaims"):
+            for verb in ("get", "list", "watch"):
+                assert allowed(api, verb, resource), f"agent cannot {verb} {resource}"
+        assert allowed(api, "get", "nodes", "stats") and allowed(api, "get", "nodes", "proxy")
+        # Least privilege: it reads, it never writes.
+        assert not allowed(api, "delete", "pods")
+        assert not allowed(api, "create", "pods", "eviction")
+        assert not allowed(api, "list", "secrets")
+    finally:
+        rbac = k8s.RbacAuthorizationV1Api(api)
+        for delete in (lambda: rbac.delete_cluster_role_binding("gpumeter-agent"),
+                       lambda: rbac.delete_cluster_role("gpumeter-agent"),
+                       lambda: k8s.CoreV1Api(api).delete_namespace("gpumeter-system")):
+            try:
+                delete()
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
