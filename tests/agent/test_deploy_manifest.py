@@ -22,7 +22,9 @@ def allowed(api: Any, verb: str, resource: str, subresource: str = "") -> bool:
         user=AGENT, groups=["system:serviceaccounts", "system:serviceaccounts:gpumeter-system"],
         resource_attributes=k8s.V1ResourceAttributes(verb=verb, resource=resource, subresource=subresource,
                                                      group="")))
-    return bool(k8s.AuthorizationV1Api(api).create_subject_access_review(review).status.allowed)
+    status = k8s.AuthorizationV1Api(api).create_subject_access_review(review).status
+    assert status is not None
+    return bool(status.allowed)
 
 
 def test_manifest_is_accepted_and_rbac_covers_the_agent(kube: Any) -> None:
@@ -32,7 +34,8 @@ def test_manifest_is_accepted_and_rbac_covers_the_agent(kube: Any) -> None:
         for document in documents:
             utils.create_from_dict(api, document)
         daemonset = k8s.AppsV1Api(api).read_namespaced_daemon_set("gpumeter-agent", "gpumeter-system")
-        assert daemonset.spec.template.spec.service_account_name == "gpumeter-agent"
+        pod_spec = daemonset.spec.template.spec if daemonset.spec else None
+        assert pod_spec is not None and pod_spec.service_account_name == "gpumeter-agent"
 
         for resource in ("pods", "namespaces", "nodes", "persistentvolumeclaims"):
             for verb in ("get", "list", "watch"):
