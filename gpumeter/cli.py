@@ -201,9 +201,8 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # kafka-python logs every refused connection while a broker starts; our own code turns a
-    # broker that stays away into one clear error, so its chatter only hides that line.
-    logging.getLogger("kafka").setLevel(logging.CRITICAL)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_quiet_client_libraries)
     try:
         settings = load_settings(args.config)
         return COMMANDS[args.command](settings, args)
@@ -216,6 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("GPUMETER_DEBUG"):
             raise
         return _fail(1, exc)
+
+
+# kafka-python logs every refused connection while a broker starts, and the HTTP stack under
+# clickhouse-connect every retry; our own code turns a service that stays away into one clear
+# error, so their chatter would only bury that line. (A handler filter, because
+# clickhouse-connect resets the urllib3 logger's level when it is imported.)
+_CHATTY = ("kafka", "urllib3", "clickhouse_connect")
+
+
+def _quiet_client_libraries(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.CRITICAL or not record.name.startswith(_CHATTY)
 
 
 def _fail(code: int, exc: BaseException) -> int:

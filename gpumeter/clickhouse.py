@@ -22,12 +22,17 @@ from urllib.parse import urlparse
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import OperationalError
 
 SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ClickHouseConfigError(ValueError):
     """A DSN we cannot use."""
+
+
+class ClickHouseUnavailable(RuntimeError):
+    """No ClickHouse server answered at the DSN."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +102,14 @@ def connect(dsn: str | Dsn, create_database: bool = True, **settings: Any) -> Cl
         "send_receive_timeout": 60,
         "settings": settings or None,
     }
-    if create_database:
-        bootstrap = clickhouse_connect.get_client(**common)
-        bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
-        bootstrap.close()
-    return clickhouse_connect.get_client(database=target.database, **common)
+    try:
+        if create_database:
+            bootstrap = clickhouse_connect.get_client(**common)
+            bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
+            bootstrap.close()
+        return clickhouse_connect.get_client(database=target.database, **common)
+    except OperationalError as exc:
+        raise ClickHouseUnavailable(f"no ClickHouse server answers at {target.url}") from exc
 
 
 # Forward-only migrations: never edit one that has shipped; append a new one instead.

@@ -122,10 +122,17 @@ def describe_validation_error(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+# A real sample is well under 2 KiB; the bound keeps one record (and Kafka's 1 MiB message
+# limit) safe from a sample padded with labels.
+MAX_SAMPLE_BYTES = 64 * 1024
+
+
 def parse_sample(raw: bytes | str | dict[str, Any]) -> UsageSample:
     """Bytes, text or a parsed object to a UsageSample, or SampleRejected with the reason."""
     if isinstance(raw, dict):
         document: Any = raw
+    elif len(raw) > MAX_SAMPLE_BYTES:
+        raise SampleRejected(f"sample is {len(raw)} bytes; the limit is {MAX_SAMPLE_BYTES}", code="too_large")
     else:
         try:
             document = jsonio.loads(raw)

@@ -80,3 +80,17 @@ def test_a_replayed_event_id_with_other_billing_fields_is_a_dead_letter_not_a_si
     assert first.rated is not None and identical.duplicate
     assert conflicting.dead is not None and conflicting.dead.reason_code == "duplicate_conflict"
     assert conflicting.dead.event_id == "same" and conflicting.dead.source_offset == 3
+
+
+def test_an_oversized_sample_is_rejected_with_its_size() -> None:
+    from gpumeter.models import MAX_SAMPLE_BYTES, SampleRejected, parse_sample
+
+    document = json.loads(sample("big"))
+    document["labels"] = {f"k{i}": "v" * 100 for i in range(MAX_SAMPLE_BYTES // 100)}
+    raw = json.dumps(document).encode()
+    try:
+        parse_sample(raw)
+    except SampleRejected as exc:
+        assert exc.code == "too_large" and str(len(raw)) in exc.reason
+    else:
+        raise AssertionError("an oversized sample was accepted")
