@@ -10,7 +10,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -162,6 +162,7 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
 
 def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, out_dir: Path,
            console: Console) -> int:
+    from dashboards.finance_report import daily_spend, render
     from pricing.exports import write_invoice
     from pricing.issue import billable_tenants, billing, invoice_for
 
@@ -197,11 +198,14 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
         "invoices": documents,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    report = out_dir / "finance-report.html"
+    report.write_text(render(daily_spend(client), documents, generated), encoding="utf-8")
     console.print(
         f"stored {stats.stored:,} rated samples in {elapsed:.0f} s ({summary['stored_per_second']:,}/s), "
         f"{stats.dead} dead letters, {summary['duplicates_dropped']} duplicates dropped "
         f"({stats.injected_duplicates} injected); "
-        f"invoices in {invoice_dir}/, summary in {out_dir / 'summary.json'}"
+        f"invoices in {invoice_dir}/, finance report {report}, summary {out_dir / 'summary.json'}"
     )
     console.print("Kafka and ClickHouse keep running for exploration; `gpumeter down` stops them.")
     client.close()

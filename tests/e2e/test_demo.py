@@ -45,6 +45,9 @@ def test_demo_runs_and_its_numbers_add_up(tmp_path: Path) -> None:
     assert (summary["samples_stored"] + summary["dead_letters"] + summary["duplicates_dropped"]
             == summary["samples_published"])
 
+    report = (out / "finance-report.html").read_text()
+    assert "<svg" in report and all(doc["tenant"] in report for doc in summary["invoices"])
+
     invoices = sorted((out / "invoices").glob("*.json"))
     assert invoices and len(invoices) == len(summary["invoices"])
     for path in invoices:
