@@ -53,15 +53,6 @@ def make_payloads(count: int) -> list[dict[str, Any]]:
     return samples[:count]
 
 
-def bench_settings(base: Settings, tag: str) -> Settings:
-    settings = base.model_copy(deep=True)
-    settings.kafka.topic_prefix = f"bench-{tag}."
-    dsn = clickhouse.parse_dsn(base.clickhouse.dsn)
-    settings.clickhouse.dsn = dsn.url.rsplit("/", 1)[0] + f"/bench_{tag}"
-    settings.worker.group = "gpumeter-bench"
-    return settings
-
-
 def _consume_until(bootstrap: str, topic: str, expected: int, finished: Any) -> None:
     """Consumer process of the raw baseline: reads until ``expected`` samples, reports the time."""
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
@@ -180,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     base = load_settings()
     with console.status("starting local services..."):
         services.up(base)
-    settings = bench_settings(base, uuid.uuid4().hex[:8])
+    tag = uuid.uuid4().hex[:8]
+    settings = services.namespaced(base, f"bench-{tag}.", f"bench_{tag}", "gpumeter-bench")
     kafka.ensure_topics(settings.kafka)
     client = clickhouse.connect(settings.clickhouse.dsn)
     clickhouse.migrate(client)
@@ -215,11 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         worker.stop()
-        client.command(f"DROP DATABASE IF EXISTS {clickhouse.parse_dsn(settings.clickhouse.dsn).database}")
         client.close()
-        admin = kafka.admin(settings.kafka)
-        admin.delete_topics([t for t in admin.list_topics() if t.startswith(settings.kafka.topic_prefix)])
-        admin.close()
+        services.drop_namespace(settings)
 
     results["ratio_vs_raw_kafka"] = results["pipeline_per_s"] / results["raw_kafka_per_s"]
     results["ratio_vs_raw_insert"] = results["pipeline_per_s"] / results["raw_insert_per_s"]

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -393,6 +393,3 @@ def run_agent(
                 server[0].shutdown()
     return cycles
 
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)

@@ -15,10 +15,10 @@ Idempotency by event_id is layered:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, unquote, urlparse
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
@@ -47,9 +47,23 @@ class Dsn:
 
     @property
     def url(self) -> str:
+        """For messages: the DSN without credentials."""
         if self.scheme == "chdb":
-            return f"chdb://{self.path}/{self.database}"
+            return f"chdb://{self.path}?database={self.database}"
         return f"{self.scheme}://{self.host}:{self.port}/{self.database}"
+
+    @property
+    def text(self) -> str:
+        """The DSN again, credentials included: parse_dsn(dsn.text) == dsn."""
+        if self.scheme == "chdb" or (self.username == "default" and not self.password):
+            return self.url
+        credentials = quote(self.username, safe="")
+        if self.password:
+            credentials += ":" + quote(self.password, safe="")
+        return f"{self.scheme}://{credentials}@{self.host}:{self.port}/{self.database}"
+
+    def with_database(self, database: str) -> Dsn:
+        return _checked(replace(self, database=database))
 
 
 def parse_dsn(dsn: str) -> Dsn:
@@ -72,8 +86,8 @@ def parse_dsn(dsn: str) -> Dsn:
     database = parsed.path.strip("/") or "gpumeter"
     port = parsed.port or (8443 if parsed.scheme == "https" else 8123)
     return _checked(
-        Dsn(parsed.scheme, parsed.hostname, port, database, username=parsed.username or "default",
-            password=parsed.password or "")
+        Dsn(parsed.scheme, parsed.hostname, port, database,
+            username=unquote(parsed.username or "default"), password=unquote(parsed.password or ""))
     )
 
 

@@ -6,7 +6,6 @@ the local services, so a second run shows the same story instead of deduplicatin
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,14 +14,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from kafka.errors import KafkaError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
 from gpumeter import clickhouse, kafka
-from gpumeter.clickhouse import parse_dsn, to_decimal
+from gpumeter.clickhouse import to_decimal
 from gpumeter.settings import Settings
 
 DEMO_PREFIX = "demo."
@@ -41,31 +39,6 @@ class DemoStats:
     dead: int = 0
     fleet_clock: datetime | None = None
     spend: dict[str, Decimal] = field(default_factory=dict)
-
-
-def demo_settings(settings: Settings) -> Settings:
-    dsn = parse_dsn(settings.clickhouse.dsn)
-    isolated = settings.model_copy(deep=True)
-    isolated.kafka.topic_prefix = DEMO_PREFIX
-    isolated.clickhouse.dsn = dsn.url.rsplit("/", 1)[0] + "/" + DEMO_DATABASE
-    isolated.worker.group = "gpumeter-demo"
-    return isolated
-
-
-def reset_namespace(settings: Settings) -> None:
-    client = kafka.admin(settings.kafka)
-    try:
-        stale = [t for t in client.list_topics() if t.startswith(settings.kafka.topic_prefix)]
-        if stale:
-            client.delete_topics(stale)
-            time.sleep(2)  # deletion is asynchronous on the broker
-        with contextlib.suppress(KafkaError):  # the group does not exist on a first run
-            client.delete_groups([settings.kafka.topic_prefix + settings.worker.group])
-    finally:
-        client.close()
-    ch = clickhouse.connect(settings.clickhouse.dsn)
-    ch.command(f"DROP DATABASE IF EXISTS {parse_dsn(settings.clickhouse.dsn).database} SYNC")
-    ch.close()
 
 
 def progress_view(stats: DemoStats, started: float, stage: str) -> Group:
@@ -104,9 +77,9 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
     with console.status("starting local Kafka and ClickHouse (first run fetches the Kafka jars)..."):
         for line in services.up(settings):
             console.print(f"  {line}")
-    settings = demo_settings(settings)
+    settings = services.namespaced(settings, DEMO_PREFIX, DEMO_DATABASE, "gpumeter-demo")
     with console.status("resetting the demo namespace..."):
-        reset_namespace(settings)
+        services.drop_namespace(settings)
         kafka.ensure_topics(settings.kafka)
         client = clickhouse.connect(settings.clickhouse.dsn)
         clickhouse.migrate(client)

@@ -69,17 +69,6 @@ def stop(pid_file: Path, timeout: float = 30.0) -> bool:
     return True
 
 
-def kill_hard(pid_file: Path) -> None:
-    """SIGKILL without a chance to clean up: for chaos tests."""
-    pid = read_pid(pid_file)
-    if pid is not None:
-        _signal_group(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        pid_file.unlink(missing_ok=True)
-
-
 def _alive(pid: int) -> bool:
     try:
         finished, _ = os.waitpid(pid, os.WNOHANG)

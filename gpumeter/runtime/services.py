@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
+
+from kafka.errors import KafkaError
 
 from gpumeter import clickhouse, kafka
 from gpumeter.runtime.chserver import LOOPBACK, LocalClickHouse
@@ -29,6 +33,34 @@ class LocalServices:
 def _tcp_port_for(http_port: int) -> int:
     # 8123 -> 9000 as ClickHouse's defaults; other HTTP ports get a neighbour that is unlikely taken.
     return 9000 if http_port == 8123 else http_port + 1
+
+
+def namespaced(settings: Settings, topic_prefix: str, database: str, group: str) -> Settings:
+    """The same services under a namespace of their own: topic prefix, database, consumer group."""
+    isolated = settings.model_copy(deep=True)
+    isolated.kafka.topic_prefix = topic_prefix
+    isolated.clickhouse.dsn = clickhouse.parse_dsn(settings.clickhouse.dsn).with_database(database).text
+    isolated.worker.group = group
+    return isolated
+
+
+def drop_namespace(settings: Settings) -> None:
+    """Delete a namespace's topics, consumer group and database (demo resets, benchmark clean-up)."""
+    client = kafka.admin(settings.kafka)
+    try:
+        stale = [t for t in client.list_topics() if t.startswith(settings.kafka.topic_prefix)]
+        if stale:
+            client.delete_topics(stale)
+            time.sleep(2)  # deletion is asynchronous on the broker
+        with contextlib.suppress(KafkaError):  # the group may never have existed
+            client.delete_groups([settings.kafka.topic_prefix + settings.worker.group])
+    finally:
+        client.close()
+    ch = clickhouse.connect(settings.clickhouse.dsn)
+    try:
+        ch.command(f"DROP DATABASE IF EXISTS {clickhouse.parse_dsn(settings.clickhouse.dsn).database} SYNC")
+    finally:
+        ch.close()
 
 
 def up(settings: Settings) -> list[str]:

@@ -557,3 +557,15 @@ def test_missing_settings_file(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_settings(tmp_path / "nope.yaml", env={})
     assert "not found" in str(caught.value)
+
+
+def test_dsn_round_trips_with_another_database_and_keeps_credentials() -> None:
+    from gpumeter.clickhouse import parse_dsn
+
+    for text in ("http://127.0.0.1:8123/gpumeter", "https://fin%40ops:p%3Ass@ch.example:8443/billing",
+                 "chdb:///var/lib/gm?database=gpumeter"):
+        dsn = parse_dsn(text)
+        assert parse_dsn(dsn.text) == dsn
+        moved = parse_dsn(dsn.with_database("demo").text)
+        assert moved.database == "demo" and moved.username == dsn.username and moved.password == dsn.password
+    assert "p:ss" not in parse_dsn("https://u:p%3Ass@h:8443/db").url  # messages never show passwords
