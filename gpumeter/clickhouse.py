@@ -226,6 +226,14 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             """,
         ],
     ),
+    (
+        2,
+        "unit_seconds at 21 places: RFC3339Nano windows x 12-place quantities stay exact",
+        [
+            "ALTER TABLE rated_usage MODIFY COLUMN unit_seconds Decimal(38, 21)",
+            "ALTER TABLE usage_hourly MODIFY COLUMN unit_seconds Decimal(38, 21)",
+        ],
+    ),
 ]
 
 

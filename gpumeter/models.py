@@ -6,16 +6,27 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
 
 from gpumeter import jsonio
 from gpumeter.money import exact
 from gpumeter.validation import (
     TENANT_PATTERN,
     AwareTimestamp,
+    DecimalValue,
     NonNegativeDecimal,
     UtcTimestamp,
     non_negative_decimal,
+    sub_microsecond_ns,
 )
 
 Kind = Literal["gpu", "cpu", "memory", "storage"]
@@ -30,6 +41,16 @@ QUANTITY_PLACES = 12
 MAX_QUANTITY = Decimal(10) ** 9
 
 # Non-empty and not blank: the pattern asks for at least one non-space character.
+# Contract 1, amended: what storage holds. A Kubernetes pod priority is an Int32 column;
+# telemetry goes to Decimal(18, 6) (utilization) and Decimal(38, 6) columns; timestamps lie
+# in 1970-2299 (DateTime64's range, with the Unix epoch as the floor).
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+Int32 = Annotated[StrictInt, Field(ge=INT32_MIN, le=INT32_MAX)]
+UTILIZATION_LIMIT = Decimal(10) ** 12
+TELEMETRY_LIMIT = Decimal(10) ** 32
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+END_OF_RANGE = datetime(2300, 1, 1, tzinfo=UTC)
+
 NonEmpty = Annotated[str, Field(min_length=1, max_length=253, pattern=r"\S")]
 _MAX_WINDOW = timedelta(seconds=MAX_WINDOW_SECONDS)
 _ZERO = timedelta(0)
@@ -54,17 +75,38 @@ class UsageSample(BaseModel):
     gpu_model: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     mig_profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     capacity_type: CapacityType = "on-demand"
-    priority: StrictInt = 0
-    utilization: NonNegativeDecimal | None = None
-    memory_used_bytes: NonNegativeDecimal | None = None
-    power_watts: NonNegativeDecimal | None = None
-    energy_joules: NonNegativeDecimal | None = None
+    priority: Int32 = 0
+    utilization: Annotated[NonNegativeDecimal, Field(lt=UTILIZATION_LIMIT)] | None = None
+    memory_used_bytes: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
+    power_watts: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
+    energy_joules: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    # Nanoseconds below the microsecond of window_start / window_end (RFC3339Nano input).
+    _start_ns: int = PrivateAttr(default=0)
+    _end_ns: int = PrivateAttr(default=0)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_nanoseconds(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> UsageSample:
+        sample: UsageSample = handler(data)
+        if isinstance(data, dict):
+            sample._start_ns = sub_microsecond_ns(data.get("window_start"))
+            sample._end_ns = sub_microsecond_ns(data.get("window_end"))
+            seconds = sample.window_seconds
+            if seconds <= 0:
+                raise ValueError("window_end must be after window_start")
+            if seconds > MAX_WINDOW_SECONDS:
+                raise ValueError(
+                    f"window_start to window_end is {seconds} s; the maximum is {MAX_WINDOW_SECONDS} s"
+                )
+        return sample
 
     @model_validator(mode="after")
     def _check_rules(self) -> UsageSample:
+        if self.window_start < EARLIEST or self.window_end >= END_OF_RANGE:
+            raise ValueError("window_start and window_end must lie between 1970 and 2299 (UTC)")
         length = self.window_end - self.window_start
-        if length <= _ZERO:
+        if length < _ZERO:
             raise ValueError("window_end must be after window_start")
         if length > _MAX_WINDOW:
             raise ValueError(
@@ -82,10 +124,12 @@ class UsageSample(BaseModel):
 
     @property
     def window_seconds(self) -> Decimal:
-        """Exact window length in seconds (microsecond resolution)."""
+        """Exact window length in seconds, to the nanosecond the sender gave."""
         delta = self.window_end - self.window_start
         micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-        return Decimal(micros).scaleb(-6)
+        nanos = micros * 1000 + self._end_ns - self._start_ns
+        # Microsecond input keeps its 6-place form (and every stored value its old shape).
+        return Decimal(nanos // 1000).scaleb(-6) if nanos % 1000 == 0 else Decimal(nanos).scaleb(-9)
 
     @property
     def unit_seconds(self) -> Decimal:
@@ -197,17 +241,27 @@ class DeadLetter(BaseModel):
     rejected_at: UtcTimestamp
 
 
+QuotaMetric = Literal["gpu_hours", "spend", "max_gpus"]
+QuotaLevel = Literal["warning", "exceeded", "recovered"]
+
+
 class QuotaEvent(BaseModel):
-    """A quota crossing (contract 4): emitted once per crossing, not per sample."""
+    """A quota crossing (contract 4): emitted once per crossing, not per sample.
+
+    ``threshold`` is the fraction crossed ("0.8", "1"); ``used`` and ``limit`` are decimal
+    strings on the wire (money 2 places, hours 6 places). ``event_id`` is deterministic for
+    one crossing, so a replay republishes the same id and consumers fold it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     event_id: str
     tenant: str
-    metric: Literal["gpu_hours", "spend", "max_gpus"]
-    level: Literal["warning", "exceeded", "recovered"]
-    used: Decimal
-    limit: Decimal
+    metric: QuotaMetric
+    level: QuotaLevel
+    threshold: DecimalValue
+    used: DecimalValue
+    limit: DecimalValue
     period: str
     at: UtcTimestamp
 
@@ -232,6 +286,29 @@ class NodeTopology(BaseModel):
     gpus: list[GpuDevice]
     # Pairwise link class by GPU index, e.g. {"0-1": "NV18", "0-4": "SYS"}.
     links: dict[str, str] = Field(default_factory=dict)
+    at: UtcTimestamp
+
+
+class GpuAssignment(BaseModel):
+    """GPU indices the kubelet assigned to one container of one pod (contract 8)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str = ""
+    gpu_indices: list[int]
+
+
+class NodeAllocation(BaseModel):
+    """Which GPU indices of a node are assigned, and to which pod, every window (contract 8)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: str
+    node: str
+    assignments: list[GpuAssignment] = Field(default_factory=list)
     at: UtcTimestamp
 
 

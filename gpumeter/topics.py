@@ -18,6 +18,7 @@ RATED = "gpumeter.usage.rated.v1"
 DEADLETTER = "gpumeter.deadletter.v1"
 TOPOLOGY = "gpumeter.node.topology.v1"
 QUOTA_EVENTS = "gpumeter.quota.events.v1"
+ALLOCATION = "gpumeter.node.allocation.v1"
 PREEMPTIONS = "gpumeter.preemptions.v1"
 
 ALL: tuple[TopicSpec, ...] = (
@@ -25,6 +26,7 @@ ALL: tuple[TopicSpec, ...] = (
     TopicSpec(RATED, "rated"),
     TopicSpec(DEADLETTER, "other"),
     TopicSpec(TOPOLOGY, "other", compacted=True, key="node"),
+    TopicSpec(ALLOCATION, "other", compacted=True, key="node"),
     TopicSpec(QUOTA_EVENTS, "other"),
     TopicSpec(PREEMPTIONS, "other"),
 )

@@ -14,11 +14,14 @@ TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
 # ASCII decimal notation only: Decimal() alone also takes "1_000" and non-ASCII digits.
 _DECIMAL_TEXT = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$", re.ASCII)
-# RFC 3339 date-time (section 5.6): full date, T, full time with at most microseconds, offset.
+# RFC 3339 date-time (section 5.6): full date, T, full time with at most nanoseconds (Go's
+# RFC3339Nano), offset. datetime holds microseconds; the digits below a microsecond are read
+# separately (sub_microsecond_ns) so a window's length stays exact.
 _RFC3339 = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?(?:[Zz]|[+-]\d{2}:\d{2})$", re.ASCII
+    r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$", re.ASCII
 )
-_RFC3339_FRACTION = re.compile(r"\.\d{7,}")
+_RFC3339_FRACTION = re.compile(r"\.\d{10,}")
+_FRACTION = re.compile(r"\.(\d+)")
 
 
 def _to_decimal(value: Any) -> Decimal:
@@ -73,7 +76,7 @@ def _rfc3339(value: Any) -> datetime:
     elif isinstance(value, str):
         if not _RFC3339.match(value):
             if _RFC3339_FRACTION.search(value):
-                raise ValueError(f"timestamp is finer than microseconds: {value!r}")
+                raise ValueError(f"timestamp is finer than nanoseconds: {value!r}")
             raise ValueError(f"not an RFC 3339 timestamp with offset (e.g. 2026-11-01T00:00:00Z): {value!r}")
         try:
             parsed = datetime.fromisoformat(value.upper())
@@ -88,6 +91,21 @@ def _rfc3339(value: Any) -> datetime:
     except OverflowError:
         raise ValueError(f"timestamp is outside the representable UTC range: {value!r}") from None
     return parsed
+
+
+def sub_microsecond_ns(value: Any) -> int:
+    """Nanoseconds below the microsecond of an RFC 3339 text (0-999); 0 for anything else.
+
+    ``datetime.fromisoformat`` truncates a 9-digit fraction to microseconds; these are the
+    digits it drops.
+    """
+    if not isinstance(value, str):
+        return 0
+    match = _FRACTION.search(value)
+    if match is None:
+        return 0
+    digits = match.group(1)
+    return int(digits[6:9].ljust(3, "0")) if len(digits) > 6 else 0
 
 
 def _utc(value: datetime) -> datetime:

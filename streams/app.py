@@ -22,24 +22,38 @@ acknowledged meanwhile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 from faust.types import EventT, StreamT
 
-from gpumeter import clickhouse, records, topics
+from gpumeter import clickhouse, jsonio, records, topics
 from gpumeter.models import RatedUsage, dead_letter
 from gpumeter.ratecard import load_rate_cards
 from gpumeter.settings import Settings
 from streams import metrics
-from streams.sink import BadRecord, ClickHouseSink, connector, dead_row, rated_row
+from streams.sink import (
+    RATED_COLUMNS,
+    BadRecord,
+    ClickHouseSink,
+    Row,
+    StoreResult,
+    connector,
+    dead_row,
+    first_line,
+    rated_row,
+)
 from streams.stage import RatingStage, encode_dead, encode_rated
 
 log = logging.getLogger("gpumeter.worker")
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,23 +61,64 @@ class PendingBatch:
     """Events held unacknowledged until the rows they produced are stored (rows may be fewer)."""
 
     events: list[EventT] = field(default_factory=list)
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class BatchWriter:
-    """Flushes a PendingBatch into ClickHouse, retrying with back-off until it is stored."""
+Rejected = list[tuple[Row, str]]
 
-    def __init__(self, store: Callable[[Sequence[tuple[Any, ...]]], int], name: str, batch_size: int,
-                 max_backoff: float) -> None:
+
+def _in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
+    """Run blocking I/O off the event loop in a daemon thread.
+
+    Unlike the default executor's threads, a daemon thread does not hold the process at
+    exit, so SIGTERM stops a worker whose ClickHouse call hangs until its timeout.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not future.done():
+            outcome()
+
+    def run() -> None:
+        try:
+            value = function()
+        except BaseException as exc:  # handed to the awaiting coroutine
+            error = exc
+            loop.call_soon_threadsafe(settle, lambda: future.set_exception(error))
+        else:
+            loop.call_soon_threadsafe(settle, lambda: future.set_result(value))
+
+    threading.Thread(target=run, name="clickhouse-store", daemon=True).start()
+    return future
+
+
+class BatchWriter:
+    """Flushes a PendingBatch into ClickHouse, retrying transient failures with back-off.
+
+    Rows the store refuses for good come back from it and go to ``on_rejected`` (which
+    dead-letters them) before their events are acknowledged. After ``stop()`` nothing more
+    is acknowledged: a batch not stored stays uncommitted and is replayed by the next owner.
+    """
+
+    def __init__(
+        self, store: Callable[[Sequence[Row]], StoreResult], name: str, batch_size: int, max_backoff: float,
+        on_rejected: Callable[[Rejected], Awaitable[None]] | None = None,
+    ) -> None:
         self.store = store
         self.name = name
         self.batch_size = batch_size
         self.max_backoff = max_backoff
+        self.on_rejected = on_rejected
         self.pending = PendingBatch()
         self.stream: StreamT | None = None
+        self._stopping = asyncio.Event()
 
-    async def add(self, event: EventT, rows: list[tuple[Any, ...]]) -> None:
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def add(self, event: EventT, rows: list[Row]) -> None:
         """Hold ``event`` until a flush stores its ``rows`` (none: just acknowledge it in order)."""
         async with self.pending.lock:
             self.pending.events.append(event)
@@ -74,38 +129,55 @@ class BatchWriter:
 
     async def flush(self) -> None:
         async with self.pending.lock:
-            if not self.pending.events or self.stream is None:
+            if not self.pending.events or self.stream is None or self._stopping.is_set():
                 return
             if self.pending.rows:
-                await self._store_with_retry(self.pending.rows)
+                result = await self._store_with_retry(self.pending.rows)
+                if result is None:
+                    return  # stopping: leave the batch unacknowledged
+                if result.rejected:
+                    if self.on_rejected is None:
+                        log.error("%s: %d rows refused by ClickHouse and not kept: %s", self.name,
+                                  len(result.rejected), result.rejected[0][1])
+                    else:
+                        await self.on_rejected(result.rejected)
             for event in self.pending.events:
                 await self.stream.ack(event)
             self.pending.rows, self.pending.events = [], []
 
-    async def _store_with_retry(self, rows: list[tuple[Any, ...]]) -> None:
+    async def _store_with_retry(self, rows: list[Row]) -> StoreResult | None:
+        """The store's result, or None once stop() was called before the rows were stored."""
         delay = 0.2
         attempt = 0
-        loop = asyncio.get_running_loop()
-        while True:
+        while not self._stopping.is_set():
             attempt += 1
             try:
                 # A thread keeps the event loop (and the consumer's heartbeats) alive during I/O.
-                await loop.run_in_executor(None, self.store, rows)
+                result = await _in_daemon_thread(lambda: self.store(rows))
                 if attempt > 1:
                     log.warning("%s: stored %d rows after %d attempts", self.name, len(rows), attempt)
-                return
-            except Exception as exc:  # any failure means: not stored, try again
+                return result
+            except Exception as exc:  # transient: not stored, try again
+                pause = delay * (0.5 + random.random())
                 log.warning("%s: storing %d rows failed (attempt %d, retry in %.1fs): %s",
-                            self.name, len(rows), attempt, delay, str(exc).splitlines()[0][:300])
-                await asyncio.sleep(delay * (0.5 + random.random()))
+                            self.name, len(rows), attempt, pause, first_line(exc)[:300])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), pause)
                 delay = min(delay * 2, self.max_backoff)
+        return None
 
 
 def _raw_topic(app: faust.App, name: str) -> Any:
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
 
-def create_app(settings: Settings) -> faust.App:
+@dataclass(frozen=True)
+class WorkerApp:
+    app: faust.App
+    writers: tuple[BatchWriter, ...]
+
+
+def create_app(settings: Settings) -> WorkerApp:
     kafka = settings.kafka
     cards = load_rate_cards(settings.rate_cards)
     client = clickhouse.connect(settings.clickhouse.dsn)
@@ -131,11 +203,21 @@ def create_app(settings: Settings) -> faust.App:
     rated_topic = _raw_topic(app, kafka.topic(topics.RATED))
     dead_topic = _raw_topic(app, kafka.topic(topics.DEADLETTER))
 
-    stage = RatingStage(cards, kafka.topic(topics.SAMPLES))
+    samples_name = kafka.topic(topics.SAMPLES)
+    stage = RatingStage(cards, samples_name)
     sink = ClickHouseSink(connector(settings.clickhouse.dsn))
     worker = settings.worker
+
+    async def dead_letter_unstorable(rejected: Rejected) -> None:
+        for row, reason in rejected:
+            document = dict(zip(RATED_COLUMNS, row, strict=True))
+            raw = jsonio.dumpb(document)
+            dead = dead_letter(raw, "unstorable", f"ClickHouse refused the row: {reason}", samples_name,
+                               document["source_partition"], document["source_offset"])
+            await dead_topic.send(key=str(document["tenant"]).encode(), value=encode_dead(dead))
+
     rated_writer = BatchWriter(sink.store_rated, "rated", worker.sink_batch_size,
-                               worker.sink_max_backoff_seconds)
+                               worker.sink_max_backoff_seconds, on_rejected=dead_letter_unstorable)
     dead_writer = BatchWriter(sink.store_dead, "dead letters", worker.sink_batch_size,
                               worker.sink_max_backoff_seconds)
 
@@ -191,11 +273,27 @@ def create_app(settings: Settings) -> faust.App:
                  counters.rated, counters.dead, counters.duplicates, sink.counters.stored,
                  sink.counters.failures)
 
-    return app
+    return WorkerApp(app, (rated_writer, dead_writer))
+
+
+class _Worker(faust.Worker):
+    """faust's Worker, telling the batch writers to give up first when a signal arrives.
+
+    A writer retrying a batch would otherwise hold the shutdown until ClickHouse answers.
+    """
+
+    def __init__(self, app: faust.App, writers: Sequence[BatchWriter], **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._writers = writers
+
+    def _schedule_shutdown(self, signum: signal.Signals) -> None:
+        for writer in self._writers:
+            writer.stop()
+        super()._schedule_shutdown(signum)
 
 
 def run_worker(settings: Settings, loglevel: str = "warn") -> None:
-    """Run the worker until SIGTERM/SIGINT (faust's Worker handles the signals)."""
-    app = create_app(settings)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    """Run the worker until SIGTERM/SIGINT: unstored batches stay uncommitted."""
+    built = create_app(settings)
+    worker = _Worker(built.app, built.writers, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

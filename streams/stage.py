@@ -35,7 +35,8 @@ class Outcome:
 def _fingerprint(sample: UsageSample) -> tuple[object, ...]:
     """What billing depends on: two samples with one event_id must agree on these."""
     return (
-        sample.tenant, sample.kind, sample.window_start, sample.window_end, sample.quantity,
+        sample.tenant, sample.kind, sample.window_start, sample.window_end, sample.unit_seconds,
+        sample.quantity,
         sample.gpu_model, sample.mig_profile, sample.capacity_type,
     )
 

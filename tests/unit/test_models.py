@@ -311,19 +311,6 @@ def test_model_validate_directly_rejects_extra_fields():
 # --- rules the contract states where the implementation is lenient -------------------------------
 
 
-def test_sub_microsecond_fractions_are_not_silently_truncated():
-    """RFC 3339 allows any number of fraction digits. Truncating 00:00:00.0000009 to 00:00:00
-    changes the billed window (here 0.9999992 s would be billed as 1 s); the sample should be
-    rejected or kept exact, never silently altered."""
-    document = valid(window_start="2026-11-10T00:00:00.0000009Z", window_end="2026-11-10T00:00:01.0000001Z")
-    try:
-        sample = parse_sample(document)
-    except SampleRejected as exc:
-        assert "window_start" in exc.reason
-        return
-    assert sample.window_seconds == Decimal("0.9999992")
-
-
 @pytest.mark.parametrize(
     "timestamp",
     [
@@ -407,3 +394,75 @@ def test_jsonio_dumps_decimals_as_strings():
     text = jsonio.dumps({"money": Decimal("3027.63"), "at": datetime(2026, 11, 1, tzinfo=UTC)})
     assert json.loads(text) == {"money": "3027.63", "at": "2026-11-01T00:00:00+00:00"}
     assert jsonio.loads(jsonio.dumpb({"q": Decimal("0.1")})) == {"q": "0.1"}
+
+
+# --- contract 1 amended ranges: what storage can hold ------------------------------------------
+
+INT32_MAX = 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"priority": INT32_MAX + 1}, id="priority-above-int32"),
+        pytest.param({"priority": 3_000_000_000}, id="priority-3e9"),
+        pytest.param({"priority": -(2**31) - 1}, id="priority-below-int32"),
+        pytest.param({"utilization": "1000000000000"}, id="utilization-beyond-decimal-18-6"),
+        pytest.param({"energy_joules": "1e32"}, id="energy-beyond-decimal-38-6"),
+        pytest.param({"memory_used_bytes": "1e32"}, id="memory-bytes-beyond-decimal-38-6"),
+        pytest.param({"power_watts": "1e32"}, id="power-beyond-decimal-38-6"),
+        pytest.param({"window_start": "2400-01-01T00:00:00Z", "window_end": "2400-01-01T00:01:00Z"},
+                     id="window-in-2400"),
+        pytest.param({"window_start": "2299-12-31T23:59:30Z", "window_end": "2300-01-01T00:00:30Z"},
+                     id="window-ending-in-2300"),
+        pytest.param({"window_start": "1969-12-31T23:59:00Z", "window_end": "1970-01-01T00:00:00Z"},
+                     id="window-before-1970"),
+        pytest.param({"window_start": "2026-11-10T00:00:00.1234567891Z"}, id="ten-fraction-digits"),
+    ],
+)
+def test_values_storage_cannot_hold_are_rejected_at_validation(changes):
+    field = next(iter(changes)).split("_")[0]
+    error = rejected(valid(**changes))
+    assert field in error.reason, error.reason
+    assert error.code == "invalid"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"priority": INT32_MAX}, id="priority-int32-max"),
+        pytest.param({"priority": -(2**31)}, id="priority-int32-min"),
+        pytest.param({"utilization": "999999999999.999999"}, id="utilization-at-column-max"),
+        pytest.param({"window_start": "1970-01-01T00:00:00Z", "window_end": "1970-01-01T00:01:00Z"},
+                     id="window-at-1970"),
+        pytest.param({"window_start": "2299-12-31T23:59:00Z", "window_end": "2299-12-31T23:59:59Z"},
+                     id="window-late-2299"),
+    ],
+)
+def test_values_at_the_storage_bounds_are_accepted(changes):
+    parse_sample(json.dumps(valid(**changes)))
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "seconds"),
+    [
+        pytest.param("2026-11-10T00:00:00.000000001Z", "2026-11-10T00:01:00.000000002Z", "60.000000001",
+                     id="nanoseconds"),
+        pytest.param("2026-11-10T00:00:00.0000009Z", "2026-11-10T00:00:01.0000001Z", "0.9999992",
+                     id="sub-microsecond-digits"),
+        pytest.param("2026-11-10T00:00:14.999999999+01:00", "2026-11-10T00:00:29.999999999+01:00", "15",
+                     id="nano-with-offset"),
+        pytest.param("2026-11-10T00:00:00.5Z", "2026-11-10T00:00:01.25Z", "0.75", id="short-fractions"),
+    ],
+)
+def test_rfc3339nano_windows_are_exact(start, end, seconds):
+    """Go agents send RFC3339Nano: the billed window length keeps every digit."""
+    sample = parse_sample(json.dumps(valid(window_start=start, window_end=end, quantity="3")))
+    assert sample.window_seconds == Decimal(seconds)
+    assert sample.unit_seconds == Decimal(seconds) * 3
+
+
+def test_copies_differing_below_a_microsecond_are_not_the_same_billing_fields():
+    first = parse_sample(json.dumps(valid(window_end="2026-11-10T00:01:00.000000001Z")))
+    second = parse_sample(json.dumps(valid(window_end="2026-11-10T00:01:00.000000002Z")))
+    assert first.unit_seconds != second.unit_seconds

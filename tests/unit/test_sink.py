@@ -1,0 +1,180 @@
+"""The sink's split of permanent from transient failures, on a named fake client.
+
+FakeClickHouseClient behaves like clickhouse-connect's HTTP client where the sink relies on
+it: ``insert`` of a batch holding a value outside its column raises DataError for the whole
+batch (as the real client does while encoding), a server that is away raises
+OperationalError, and a server-side refusal is DatabaseError carrying "Code: N".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
+
+from streams.app import BatchWriter
+from streams.sink import RATED_COLUMNS, ClickHouseSink, Row, StoreResult, is_permanent
+
+PRIORITY = RATED_COLUMNS.index("priority")
+
+
+class FakeResult:
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.result_rows = rows
+
+
+class FakeClickHouseClient:
+    def __init__(self, down_for: int = 0, server_error: str | None = None) -> None:
+        self.tables: dict[str, list[Row]] = {"rated_usage": [], "dead_letters": []}
+        self.down_for = down_for
+        self.server_error = server_error
+        self.inserts = 0
+
+    def query(self, sql: str, parameters: dict[str, Any], settings: dict[str, Any]) -> FakeResult:
+        wanted = set(parameters["ids"])
+        return FakeResult([(row[0],) for row in self.tables["rated_usage"] if row[0] in wanted])
+
+    def insert(self, table: str, rows: Sequence[Row], column_names: list[str]) -> None:
+        self.inserts += 1
+        if self.down_for > 0:
+            self.down_for -= 1
+            raise OperationalError("HTTPConnectionPool(host='127.0.0.1', port=8123): connection refused")
+        if self.server_error is not None:
+            raise DatabaseError(self.server_error)
+        for row in rows:
+            if not -(2**31) <= row[PRIORITY] < 2**31:
+                raise DataError("Unable to create native array for column `priority`: error")
+        self.tables[table].extend(rows)
+
+    def close(self) -> None:
+        pass
+
+
+def row(event_id: str, priority: int = 0) -> Row:
+    values: dict[str, Any] = dict.fromkeys(RATED_COLUMNS)
+    values.update(event_id=event_id, tenant="team-a", period="2026-11", priority=priority)
+    return tuple(values[column] for column in RATED_COLUMNS)
+
+
+@pytest.mark.parametrize(
+    ("error", "permanent"),
+    [
+        pytest.param(DataError("Unable to create native array for column `priority`"), True,
+                     id="client-encoding"),
+        pytest.param(OverflowError("int too big to convert"), True, id="decimal-overflow-in-client"),
+        pytest.param(OperationalError("connection refused"), False, id="server-away"),
+        pytest.param(DatabaseError("Code: 407. DB::Exception: Decimal math overflow"), True, id="server-407"),
+        pytest.param(DatabaseError("Code: 60. DB::Exception: Table rated_usage does not exist"), False,
+                     id="missing-table-is-for-an-operator"),
+        pytest.param(DatabaseError("Code: 241. DB::Exception: Memory limit exceeded"), False, id="overload"),
+        pytest.param(TimeoutError("timed out"), False, id="timeout"),
+    ],
+)
+def test_errors_are_classified(error: BaseException, permanent: bool) -> None:
+    assert is_permanent(error) is permanent
+
+
+@pytest.mark.parametrize("position", [0, 5, 9], ids=["first", "middle", "last"])
+def test_one_refused_row_is_returned_and_the_rest_stored(position: int) -> None:
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    rows = [row(f"e{i}", priority=3_000_000_000 if i == position else 0) for i in range(10)]
+    result = sink.store_rated(rows)
+    assert result.stored == 9
+    assert [r[0] for r, _ in result.rejected] == [f"e{position}"]
+    assert "priority" in result.rejected[0][1]
+    stored = sorted(r[0] for r in client.tables["rated_usage"])
+    assert stored == sorted(f"e{i}" for i in range(10) if i != position)
+
+
+def test_every_row_refused_stores_nothing_and_returns_all() -> None:
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    result = sink.store_rated([row(f"e{i}", priority=-(2**40)) for i in range(4)])
+    assert result.stored == 0
+    assert len(result.rejected) == 4
+    assert client.tables["rated_usage"] == []
+
+
+@pytest.mark.parametrize(
+    "client",
+    [
+        pytest.param(FakeClickHouseClient(down_for=1), id="server-away"),
+        pytest.param(FakeClickHouseClient(server_error="Code: 60. Table does not exist"), id="missing-table"),
+    ],
+)
+def test_transient_failures_raise_so_the_batch_is_retried_whole(client: FakeClickHouseClient) -> None:
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    with pytest.raises(Exception) as caught:
+        sink.store_rated([row("e1", priority=3_000_000_000), row("e2")])
+    assert not is_permanent(caught.value)
+    assert client.tables["rated_usage"] == []
+    assert sink.counters.failures == 1
+
+
+def test_a_retry_after_a_partial_split_does_not_store_twice() -> None:
+    """Halves stored before a transient failure are skipped by the duplicate check on retry."""
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    rows = [row(f"e{i}", priority=3_000_000_000 if i == 7 else 0) for i in range(8)]
+    first = sink.store_rated(rows)
+    second = sink.store_rated(rows)
+    assert first.stored == 7
+    assert second.stored == 0
+    assert len(client.tables["rated_usage"]) == 7
+
+
+class FakeStream:
+    def __init__(self) -> None:
+        self.acked: list[object] = []
+
+    async def ack(self, event: object) -> None:
+        self.acked.append(event)
+
+
+def test_writer_dead_letters_refused_rows_then_acknowledges_everything() -> None:
+    seen: list[list[tuple[Row, str]]] = []
+
+    async def dead_letter(rejected: list[tuple[Row, str]]) -> None:
+        seen.append(rejected)
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        return StoreResult(stored=len(rows) - 1, rejected=[(rows[1], "refused")])
+
+    async def run() -> FakeStream:
+        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=0.1, on_rejected=dead_letter)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        for index in range(3):
+            await writer.add(index, [row(f"e{index}")])  # type: ignore[arg-type]
+        await writer.flush()
+        return stream
+
+    stream = asyncio.run(run())
+    assert stream.acked == [0, 1, 2]
+    assert [[r[0] for r, _ in batch] for batch in seen] == [["e1"]]
+
+
+def test_a_stopped_writer_acknowledges_nothing_it_has_not_stored() -> None:
+    attempts = 0
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        nonlocal attempts
+        attempts += 1
+        raise OperationalError("connection refused")
+
+    async def run() -> FakeStream:
+        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=60.0)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        await writer.add("event", [row("e1")])  # type: ignore[arg-type]
+        flushing = asyncio.create_task(writer.flush())
+        while attempts < 2:
+            await asyncio.sleep(0.01)
+        writer.stop()
+        await asyncio.wait_for(flushing, 5)  # returns although the back-off would last longer
+        return stream
+
+    stream = asyncio.run(run())
+    assert stream.acked == []
