@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-# The kubelet PodResources gRPC stubs, generated from collectors/proto/podresources_v1.proto.
+# The kubelet PodResources gRPC stubs, generated from collectors/agent/proto/podresources_v1.proto.
 proto: install
-	$(BIN)/python -m collectors.proto.generate
+	$(BIN)/python -m collectors.agent.proto.generate
 
 demo: install
 	$(BIN)/gpumeter demo
@@ -26,6 +26,7 @@ demo: install
 lint: install proto
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 testbin:
 	bash tests/kube/build.sh

@@ -34,17 +34,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from collectors.agent import NodeCollector  # noqa: E402
-from collectors.kubelet_stats import KubeletStatsClient  # noqa: E402
-from collectors.nvml_source import NvmlSource  # noqa: E402
-from collectors.podmeta import StaticPodMetadata  # noqa: E402
-from collectors.podresources import PodResourcesClient  # noqa: E402
-from collectors.publisher import sample_message  # noqa: E402
-from collectors.samples import window_bounds  # noqa: E402
-from collectors.spool import Spool  # noqa: E402
-from tests.agent.cluster_state import pod, pvc  # noqa: E402
-from tests.agent.nvml_standin import NvmlStandIn, gpu_uuid, nvswitch_node  # noqa: E402
-from tests.agent.podresources_server import ContainerSpec, Lister, PodSpec, serve  # noqa: E402
+from collectors.agent.collector import NodeCollector  # noqa: E402
+from collectors.agent.kubelet_stats import KubeletStatsClient  # noqa: E402
+from collectors.agent.nvml_source import NvmlSource  # noqa: E402
+from collectors.agent.podmeta import StaticPodMetadata  # noqa: E402
+from collectors.agent.podresources import PodResourcesClient  # noqa: E402
+from collectors.agent.publisher import sample_message  # noqa: E402
+from collectors.agent.samples import window_bounds  # noqa: E402
+from collectors.agent.spool import Spool  # noqa: E402
+from testkit.cluster_state import pod, pvc  # noqa: E402
+from testkit.nvml_standin import NvmlStandIn, gpu_uuid, nvswitch_node  # noqa: E402
+from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve  # noqa: E402
 
 GPUS = 8
 PODS = 60

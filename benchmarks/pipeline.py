@@ -29,15 +29,18 @@ from kafka import KafkaConsumer
 from rich.console import Console
 from rich.table import Table
 
-from collectors.simulated import FleetConfig, SimulatedFleet
-from gpumeter import clickhouse, jsonio, kafka, topics
-from gpumeter.ratecard import load_rate_cards
-from gpumeter.records import RecordBatcher, split
-from gpumeter.runtime import services
-from gpumeter.runtime.worker_process import WorkerProcess
-from gpumeter.settings import Settings, load_settings
-from gpumeter.topics import TopicSpec
-from streams.sink import RATED_COLUMNS, rated_row
+from collectors.sim.fleet import FleetConfig, SimulatedFleet
+from gpumeter.app import schema
+from gpumeter.app.runtime import services
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core import jsonio, topics
+from gpumeter.core.ratecard import load_rate_cards
+from gpumeter.core.records import RecordBatcher, split
+from gpumeter.core.settings import Settings, load_settings
+from gpumeter.core.topics import TopicSpec
+from gpumeter.infra import clickhouse, kafka
+from gpumeter.infra.schema import RATED_USAGE
+from streams.sink import rated_row
 from streams.stage import RatingStage
 
 console = Console()
@@ -101,7 +104,7 @@ def raw_insert(settings: Settings, samples: list[dict[str, Any]], batch: int) ->
     client.command("CREATE TABLE raw_rated AS rated_usage ENGINE = MergeTree ORDER BY tuple()")
     started = time.perf_counter()
     for start in range(0, len(rows), batch):
-        client.insert("raw_rated", rows[start:start + batch], column_names=list(RATED_COLUMNS))
+        client.insert("raw_rated", rows[start:start + batch], column_names=list(RATED_USAGE.insert_columns))
     elapsed = time.perf_counter() - started
     client.close()
     return len(rows) / elapsed
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = services.namespaced(base, f"bench-{tag}.", f"bench_{tag}", "gpumeter-bench")
     kafka.ensure_topics(settings.kafka)
     client = clickhouse.connect(settings.clickhouse.dsn)
-    clickhouse.migrate(client)
+    schema.migrate(client)
     paced_count = int(args.paced_rate * args.paced_seconds)
     samples = make_payloads(args.samples + paced_count + 1)
     warmup, saturated, paced = samples[0], samples[1:args.samples + 1], samples[args.samples + 1:]

@@ -8,9 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from gpumeter.money import SECONDS_PER_HOUR, exact, format_money, format_quantity, round_money
-from gpumeter.ratecard import Rate, RateCardSet
-from gpumeter.tenants import TenantPolicy
+from gpumeter.core.money import SECONDS_PER_HOUR, exact, format_money, format_quantity, round_money
+from gpumeter.core.ratecard import Rate, RateCardSet
+from gpumeter.core.tenants import TenantPolicy
 from pricing.rating import find_rate
 
 ZERO = Decimal(0)

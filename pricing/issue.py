@@ -9,10 +9,10 @@ from pathlib import Path
 
 from clickhouse_connect.driver.client import Client
 
-from gpumeter import clickhouse
-from gpumeter.ratecard import RateCardSet, load_rate_cards
-from gpumeter.settings import Settings
-from gpumeter.tenants import TenantsFile, load_tenants
+from gpumeter.core.ratecard import RateCardSet, load_rate_cards
+from gpumeter.core.settings import Settings
+from gpumeter.core.tenants import TenantsFile, load_tenants
+from gpumeter.infra import clickhouse
 from pricing import store
 from pricing.exports import write_invoice
 from pricing.invoice import Invoice, adjustment, build_invoice

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import UTC
 from decimal import Decimal
 
-from gpumeter.models import RatedUsage, SampleRejected, UsageSample
-from gpumeter.money import SECONDS_PER_HOUR, exact, to_store
-from gpumeter.ratecard import Rate, RateCard, RateCardSet
+from gpumeter.core.models import RatedUsage, SampleRejected, UsageSample
+from gpumeter.core.money import SECONDS_PER_HOUR, exact, to_store
+from gpumeter.core.ratecard import Rate, RateCard, RateCardSet
 
 
 def find_rate(card: RateCard, kind: str, gpu_model: str | None, mig_profile: str | None) -> Rate | None:

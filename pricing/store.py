@@ -7,9 +7,30 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from gpumeter import jsonio
-from gpumeter.clickhouse import to_decimal
+from gpumeter.core import jsonio
+from gpumeter.infra.clickhouse import to_decimal
+from gpumeter.infra.tables import Column, Migration, SchemaOwner, Table
 from pricing.invoice import Invoice, InvoiceLine, LineKey, UsageLine
+
+INVOICES = Table(
+    name="invoices",
+    columns=(
+        Column("tenant", "LowCardinality(String)"),
+        Column("period", "LowCardinality(String)"),
+        Column("seq", "UInt32"),
+        Column("status", "LowCardinality(String)"),
+        Column("document", "String"),
+        # Unrounded line quantities, so an adjustment's deltas are exact.
+        Column("exact_quantities", "String"),
+        Column("finalized_at", "DateTime64(3, 'UTC')", default="now64(3)"),
+    ),
+    engine="MergeTree",
+    order_by="(tenant, period, seq)",
+)
+
+PRICING = SchemaOwner(
+    owner="pricing", migrations=(Migration(1, "finalized invoices", (INVOICES.create_sql(),)),)
+)
 
 
 def usage_lines(client: Client, tenant: str, period: str) -> list[UsageLine]:
@@ -44,12 +65,12 @@ def finalized_invoices(client: Client, tenant: str, period: str) -> list[Invoice
 
 def record_final(client: Client, invoice: Invoice, seq: int) -> None:
     """Store an invoice as issued; it is never changed afterwards."""
-    client.insert(
-        "invoices",
-        [[invoice.tenant, invoice.period, seq, invoice.status, jsonio.dumps(invoice.to_document()),
-          jsonio.dumps([str(line.quantity) for line in invoice.lines])]],
-        column_names=["tenant", "period", "seq", "status", "document", "exact_quantities"],
-    )
+    row = INVOICES.row_from({
+        "tenant": invoice.tenant, "period": invoice.period, "seq": seq, "status": invoice.status,
+        "document": jsonio.dumps(invoice.to_document()),
+        "exact_quantities": jsonio.dumps([str(line.quantity) for line in invoice.lines]),
+    })
+    client.insert(INVOICES.name, [row], column_names=list(INVOICES.insert_columns))
 
 
 def invoice_from_document(document: dict[str, Any], exact_quantities: list[str]) -> Invoice:

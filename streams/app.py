@@ -34,13 +34,13 @@ from typing import Any, TypeVar
 import faust
 from faust.types import EventT, StreamT
 
-from gpumeter import clickhouse, jsonio, records, topics
-from gpumeter.models import RatedUsage, dead_letter
-from gpumeter.ratecard import load_rate_cards
-from gpumeter.settings import Settings
+from gpumeter.core import jsonio, records, topics
+from gpumeter.core.models import RatedUsage, dead_letter
+from gpumeter.core.ratecard import load_rate_cards
+from gpumeter.core.settings import Settings
+from gpumeter.infra.schema import RATED_USAGE
 from streams import metrics
 from streams.sink import (
-    RATED_COLUMNS,
     BadRecord,
     ClickHouseSink,
     Row,
@@ -180,9 +180,6 @@ class WorkerApp:
 def create_app(settings: Settings) -> WorkerApp:
     kafka = settings.kafka
     cards = load_rate_cards(settings.rate_cards)
-    client = clickhouse.connect(settings.clickhouse.dsn)
-    clickhouse.migrate(client)
-    client.close()
 
     app = faust.App(
         kafka.topic_prefix + settings.worker.group,
@@ -210,7 +207,7 @@ def create_app(settings: Settings) -> WorkerApp:
 
     async def dead_letter_unstorable(rejected: Rejected) -> None:
         for row, reason in rejected:
-            document = dict(zip(RATED_COLUMNS, row, strict=True))
+            document = RATED_USAGE.as_mapping(row)
             raw = jsonio.dumpb(document)
             dead = dead_letter(raw, "unstorable", f"ClickHouse refused the row: {reason}", samples_name,
                                document["source_partition"], document["source_offset"])

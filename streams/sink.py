@@ -28,22 +28,15 @@ from typing import Any, TypeVar
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
-from gpumeter import clickhouse, jsonio
-from gpumeter.models import RatedUsage
+from gpumeter.core import jsonio
+from gpumeter.core.models import RatedUsage
+from gpumeter.infra import clickhouse
+from gpumeter.infra.schema import DEAD_LETTERS, RATED_USAGE
+from gpumeter.infra.tables import Table
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-RATED_COLUMNS = (
-    "event_id", "tenant", "period", "kind", "cluster", "node", "namespace", "pod", "pod_uid",
-    "window_start", "window_end", "quantity", "unit_seconds", "gpu_model", "mig_profile",
-    "capacity_type", "priority", "rate_card", "currency", "unit_price", "capacity_multiplier",
-    "list_cost", "utilization", "energy_joules", "labels", "source_partition", "source_offset",
-)
-DEAD_COLUMNS = (
-    "reason_code", "reason", "raw", "source_topic", "source_partition", "source_offset", "source_index",
-    "event_id", "tenant", "rejected_at",
-)
 # The anti-join sends every event_id of a batch in the query text.
 QUERY_SETTINGS = {"max_query_size": 64 * 1024 * 1024}
 
@@ -94,24 +87,16 @@ class BadRecord(ValueError):
     """A record on an internal topic that does not have the shape we wrote."""
 
 
-def rated_row(rated: RatedUsage) -> tuple[Any, ...]:
-    """A rated sample as a rated_usage row, in RATED_COLUMNS order."""
-    return (
-        rated.event_id, rated.tenant, rated.period, rated.kind, rated.cluster, rated.node,
-        rated.namespace, rated.pod, rated.pod_uid, rated.window_start, rated.window_end,
-        rated.quantity, rated.unit_seconds, rated.gpu_model, rated.mig_profile, rated.capacity_type,
-        rated.priority, rated.rate_card, rated.currency, rated.unit_price, rated.capacity_multiplier,
-        rated.list_cost, rated.utilization, rated.energy_joules, rated.labels, rated.source_partition,
-        rated.source_offset,
-    )
+def rated_row(rated: RatedUsage) -> Row:
+    """A rated sample as a rated_usage row, in the table's insert order."""
+    return RATED_USAGE.row_of(rated)
 
 
-def dead_row(payload: bytes) -> tuple[Any, ...]:
+def dead_row(payload: bytes) -> Row:
     try:
         document = jsonio.loads(payload)
-        row = [document.get(column) for column in DEAD_COLUMNS]
-        row[-1] = datetime.fromisoformat(row[-1])
-        return tuple(row)
+        document["rejected_at"] = datetime.fromisoformat(document["rejected_at"])
+        return DEAD_LETTERS.row_from(document)
     except (jsonio.JSONInputError, AttributeError, TypeError, ValueError) as exc:
         raise BadRecord(f"unreadable dead-letter record: {exc}") from None
 
@@ -175,7 +160,7 @@ class ClickHouseSink:
         for (event_id,) in stored:
             unique.pop(event_id, None)
         self.counters.skipped_duplicates += len(rows) - len(unique)
-        result = self._insert_splitting(client, "rated_usage", RATED_COLUMNS, list(unique.values()))
+        result = self._insert_splitting(client, RATED_USAGE, list(unique.values()))
         self.counters.batches += 1
         self.counters.stored += result.stored
         self.counters.unstorable += len(result.rejected)
@@ -186,7 +171,7 @@ class ClickHouseSink:
         with self._lock:
             try:
                 client = self._client_or_connect()
-                result = self._insert_splitting(client, "dead_letters", DEAD_COLUMNS, list(rows))
+                result = self._insert_splitting(client, DEAD_LETTERS, list(rows))
             except Exception:
                 self.counters.failures += 1
                 self._reset()
@@ -194,9 +179,7 @@ class ClickHouseSink:
             self.counters.unstorable += len(result.rejected)
             return result
 
-    def _insert_splitting(
-        self, client: Client, table: str, columns: Sequence[str], rows: list[Row]
-    ) -> StoreResult:
+    def _insert_splitting(self, client: Client, table: Table, rows: list[Row]) -> StoreResult:
         """Insert ``rows``; on a permanent error, halve until the refused rows are isolated.
 
         Halves that were stored before a later transient error are skipped on the retry by
@@ -205,17 +188,17 @@ class ClickHouseSink:
         if not rows:
             return StoreResult()
         try:
-            client.insert(table, rows, column_names=list(columns))
+            client.insert(table.name, rows, column_names=list(table.insert_columns))
             return StoreResult(stored=len(rows))
         except Exception as exc:
             if not is_permanent(exc):
                 raise
             if len(rows) == 1:
-                log.warning("%s: row refused (%s): %s", table, rows[0][0], first_line(exc))
+                log.warning("%s: row refused (%s): %s", table.name, rows[0][0], first_line(exc))
                 return StoreResult(rejected=[(rows[0], first_line(exc))])
         middle = len(rows) // 2
-        left = self._insert_splitting(client, table, columns, rows[:middle])
-        right = self._insert_splitting(client, table, columns, rows[middle:])
+        left = self._insert_splitting(client, table, rows[:middle])
+        right = self._insert_splitting(client, table, rows[middle:])
         return StoreResult(left.stored + right.stored, left.rejected + right.rejected)
 
     def close(self) -> None:

@@ -9,10 +9,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from gpumeter import jsonio
-from gpumeter.models import DeadLetter, RatedUsage, SampleRejected, UsageSample, dead_letter, parse_sample
-from gpumeter.ratecard import RateCardSet
-from gpumeter.records import split
+from gpumeter.core import jsonio
+from gpumeter.core.models import (
+    DeadLetter,
+    RatedUsage,
+    SampleRejected,
+    UsageSample,
+    dead_letter,
+    parse_sample,
+)
+from gpumeter.core.ratecard import RateCardSet
+from gpumeter.core.records import split
 from pricing.rating import Rater
 
 

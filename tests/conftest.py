@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumeter import clickhouse, kafka
-from gpumeter.runtime.worker_process import WorkerProcess
-from gpumeter.settings import Settings
+from gpumeter.app import schema
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core.settings import Settings
+from gpumeter.infra import clickhouse, kafka
 from tests.services import Endpoints, isolated_settings, session_endpoints, start_local_broker
 
 pytest_plugins = ["tests.kube.fixtures"]
@@ -27,7 +28,7 @@ def settings(endpoints: Endpoints, tmp_path: Path) -> Settings:
     configured = isolated_settings(endpoints, tmp_path / "data")
     kafka.ensure_topics(configured.kafka)
     client = clickhouse.connect(configured.clickhouse.dsn)
-    clickhouse.migrate(client)
+    schema.migrate(client)
     client.close()
     return configured
 

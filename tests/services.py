@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpumeter import kafka as gkafka
-from gpumeter.runtime.chserver import LocalClickHouse
-from gpumeter.runtime.kafka_broker import LocalBroker
-from gpumeter.runtime.process import log_tail
-from gpumeter.settings import KafkaSettings, Settings, settings_env
+from gpumeter.app.runtime.chserver import LocalClickHouse
+from gpumeter.app.runtime.kafka_broker import LocalBroker
+from gpumeter.app.runtime.process import log_tail
+from gpumeter.core.settings import KafkaSettings, Settings, settings_env
+from gpumeter.infra import kafka as gkafka
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -114,7 +114,7 @@ def isolated_settings(endpoints: Endpoints, data_dir: Path, clickhouse_url: str 
 def run_cli(settings: Settings, *args: str, stdin: bytes | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpumeter.cli", *args], env=settings_env(settings), cwd=REPO,
+        [sys.executable, "-m", "gpumeter.app.cli", *args], env=settings_env(settings), cwd=REPO,
         input=stdin.decode() if stdin is not None else None, capture_output=True, text=True,
         timeout=timeout, check=False,
     )

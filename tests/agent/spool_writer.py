@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from collectors.spool import Spool
+from collectors.agent.spool import Spool
 
 
 def main() -> None:

@@ -15,18 +15,18 @@ from typing import Any
 import pynvml
 import pytest
 
-from collectors.agent import AgentConfig, NodeCollector, run_agent
-from collectors.nvml_source import NvmlSource
-from collectors.podmeta import StaticPodMetadata
-from collectors.podresources import PodResourcesClient
-from collectors.publisher import Publisher, decode_message
-from collectors.spool import Spool
-from gpumeter.kafka import KafkaUnavailable
-from gpumeter.models import parse_sample
-from gpumeter.settings import KafkaSettings, Settings
-from tests.agent.cluster_state import pod
-from tests.agent.nvml_standin import NvmlStandIn, gpu_uuid, nvswitch_node
-from tests.agent.podresources_server import ContainerSpec, Lister, PodSpec, serve
+from collectors.agent.collector import AgentConfig, NodeCollector, run_agent
+from collectors.agent.nvml_source import NvmlSource
+from collectors.agent.podmeta import StaticPodMetadata
+from collectors.agent.podresources import PodResourcesClient
+from collectors.agent.publisher import Publisher, decode_message
+from collectors.agent.spool import Spool
+from gpumeter.core.models import parse_sample
+from gpumeter.core.settings import KafkaSettings, Settings
+from gpumeter.infra.kafka import KafkaUnavailable
+from testkit.cluster_state import pod
+from testkit.nvml_standin import NvmlStandIn, gpu_uuid, nvswitch_node
+from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
 
 pytestmark = pytest.mark.agent
 

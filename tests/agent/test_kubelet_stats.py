@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import pytest
 
-from collectors.kubelet_stats import KubeletStatsClient, KubeletStatsError, parse_summary
+from collectors.agent.kubelet_stats import KubeletStatsClient, KubeletStatsError, parse_summary
 
 pytestmark = pytest.mark.agent
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from collectors.nvml_source import NvmlSource, NvmlUnavailable
+from collectors.agent.nvml_source import NvmlSource, NvmlUnavailable
 
 pytestmark = [pytest.mark.agent, pytest.mark.gpu]
 

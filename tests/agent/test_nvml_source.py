@@ -7,8 +7,8 @@ from decimal import Decimal
 import pynvml
 import pytest
 
-from collectors.nvml_source import EnergyMeter, NvmlSource, NvmlUnavailable, gpu_model_name
-from tests.agent.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig, gpu_uuid, nvswitch_node
+from collectors.agent.nvml_source import EnergyMeter, NvmlSource, NvmlUnavailable, gpu_model_name
+from testkit.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig, gpu_uuid, nvswitch_node
 
 pytestmark = pytest.mark.agent
 

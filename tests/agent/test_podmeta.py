@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.podmeta import (
+from collectors.agent.podmeta import (
     StaticPodMetadata,
     claim_info,
     effective_requests,
@@ -17,8 +17,8 @@ from collectors.podmeta import (
     parse_quantity,
     pod_info,
 )
-from gpumeter.validation import TENANT_PATTERN
-from tests.agent.cluster_state import pod, pvc
+from gpumeter.core.validation import TENANT_PATTERN
+from testkit.cluster_state import pod, pvc
 
 pytestmark = pytest.mark.agent
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from collectors.podmeta import KubePodMetadata
+from collectors.agent.podmeta import KubePodMetadata
 from tests.kube.fixtures import Kube
 
 pytestmark = [pytest.mark.agent, pytest.mark.kube]

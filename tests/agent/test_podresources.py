@@ -8,14 +8,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from collectors.podresources import (
+from collectors.agent.podresources import (
     PodResourcesClient,
     PodResourcesError,
     by_device,
     mig_profile_of,
     split_replica,
 )
-from tests.agent.podresources_server import ContainerSpec, Lister, PodSpec, serve
+from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
 
 pytestmark = pytest.mark.agent
 
@@ -110,7 +110,7 @@ def test_old_kubelet_without_allocatable_counts_replicas_as_whole(socket_path: P
 
 def test_wire_method_path_is_the_kubelets(socket_path: Path) -> None:
     """A raw call on /v1.PodResourcesLister/List: what the kubelet serves is what we call."""
-    from collectors.proto.generate import load
+    from collectors.agent.proto.generate import load
 
     pb2, _ = load()
     with serve(socket_path, Lister(cluster_pods())):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.proto import generate
+from collectors.agent.proto import generate
 
 pytestmark = pytest.mark.agent
 
@@ -20,7 +20,7 @@ def test_generate_writes_both_stubs(tmp_path: Path) -> None:
     assert "/v1.PodResourcesLister/List" in grpc_stub
     assert "/v1.PodResourcesLister/GetAllocatableResources" in grpc_stub
     assert "/v1.PodResourcesLister/Get'" in grpc_stub or '/v1.PodResourcesLister/Get"' in grpc_stub
-    assert "from collectors.proto import podresources_v1_pb2" in grpc_stub
+    assert "from collectors.agent.proto import podresources_v1_pb2" in grpc_stub
 
 
 def test_load_returns_the_messages_and_the_service() -> None:

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from kafka.errors import KafkaTimeoutError
 
-from collectors.publisher import Publisher, decode_message
-from collectors.samples import event_id
-from collectors.spool import Spool
-from gpumeter import jsonio
-from gpumeter.kafka import KafkaUnavailable
-from gpumeter.models import NodeTopology, UsageSample, parse_sample
-from gpumeter.records import split
-from gpumeter.settings import KafkaSettings
+from collectors.agent.publisher import Publisher, decode_message
+from collectors.agent.samples import event_id
+from collectors.agent.spool import Spool
+from gpumeter.core import jsonio
+from gpumeter.core.models import NodeTopology, UsageSample, parse_sample
+from gpumeter.core.records import split
+from gpumeter.core.settings import KafkaSettings
+from gpumeter.infra.kafka import KafkaUnavailable
 
 pytestmark = pytest.mark.agent
 

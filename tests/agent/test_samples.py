@@ -1,4 +1,4 @@
-"""Window alignment, event ids and the billing rules of collectors.samples, through NodeCollector."""
+"""Window alignment, event ids and the billing rules of collectors.agent.samples, through NodeCollector."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from collectors.agent import NodeCollector
-from collectors.kubelet_stats import NodeStats, parse_summary
-from collectors.nvml_source import NvmlSource
-from collectors.podmeta import StaticPodMetadata
-from collectors.podresources import PodResourcesClient
-from collectors.samples import event_id, held_fraction, window_bounds
-from gpumeter.models import UsageSample, parse_sample
-from tests.agent.cluster_state import pod, pvc
-from tests.agent.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig, gpu_uuid, nvswitch_node
-from tests.agent.podresources_server import ContainerSpec, Lister, PodSpec, serve
+from collectors.agent.collector import NodeCollector
+from collectors.agent.kubelet_stats import NodeStats, parse_summary
+from collectors.agent.nvml_source import NvmlSource
+from collectors.agent.podmeta import StaticPodMetadata
+from collectors.agent.podresources import PodResourcesClient
+from collectors.agent.samples import event_id, held_fraction, window_bounds
+from gpumeter.core.models import UsageSample, parse_sample
+from testkit.cluster_state import pod, pvc
+from testkit.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig, gpu_uuid, nvswitch_node
+from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
 
 pytestmark = pytest.mark.agent
 
@@ -138,7 +138,7 @@ def by(samples: list[UsageSample], pod_name: str, kind: str) -> list[UsageSample
 def test_samples_follow_the_billing_rules(socket_path: Path) -> None:
     samples, collector = collect(socket_path)
     # every sample is valid contract 1 and survives a JSON round trip
-    from gpumeter import jsonio
+    from gpumeter.core import jsonio
 
     for sample in samples:
         assert parse_sample(jsonio.dumps(sample.model_dump())) == sample

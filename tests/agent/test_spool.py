@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collectors.spool import FILE_MAGIC, HEADER_BYTES, Spool, encode_record, scan_records
+from collectors.agent.spool import FILE_MAGIC, HEADER_BYTES, Spool, encode_record, scan_records
 
 pytestmark = pytest.mark.agent
 

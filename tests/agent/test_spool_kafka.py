@@ -17,16 +17,16 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 
-from collectors.publisher import Publisher
-from collectors.samples import event_id
-from collectors.spool import Spool
-from gpumeter import clickhouse
-from gpumeter.kafka import ensure_topics
-from gpumeter.models import UsageSample, parse_sample
-from gpumeter.records import split
-from gpumeter.runtime.worker_process import WorkerProcess
-from gpumeter.settings import KafkaSettings
-from gpumeter.topics import SAMPLES
+from collectors.agent.publisher import Publisher
+from collectors.agent.samples import event_id
+from collectors.agent.spool import Spool
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core.models import UsageSample, parse_sample
+from gpumeter.core.records import split
+from gpumeter.core.settings import KafkaSettings
+from gpumeter.core.topics import SAMPLES
+from gpumeter.infra import clickhouse
+from gpumeter.infra.kafka import ensure_topics
 from tests.services import Endpoints, isolated_settings, run_cli
 
 pytestmark = [pytest.mark.agent, pytest.mark.integration]

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gpumeter import clickhouse, kafka, topics
-from gpumeter.runtime.chserver import LocalClickHouse
-from gpumeter.runtime.worker_process import WorkerProcess
-from gpumeter.settings import Settings
+from gpumeter.app import schema
+from gpumeter.app.runtime.chserver import LocalClickHouse
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core import topics
+from gpumeter.core.settings import Settings
+from gpumeter.infra import clickhouse, kafka
 from tests.integration.test_pipeline import (
     assert_invoices_match,
     count_rows,
@@ -50,7 +52,7 @@ def test_clickhouse_outage_mid_stream(endpoints: Endpoints, own_clickhouse: Loca
     settings = isolated_settings(endpoints, tmp_path / "data", clickhouse_url=own_clickhouse.url)
     kafka.ensure_topics(settings.kafka)
     client = clickhouse.connect(settings.clickhouse.dsn)
-    clickhouse.migrate(client)
+    schema.migrate(client)
     client.close()
 
     valid = make_samples(seed=31, count=9000)

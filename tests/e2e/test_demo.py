@@ -27,7 +27,7 @@ def test_demo_runs_and_its_numbers_add_up(tmp_path: Path) -> None:
         "GPUMETER_CLICKHOUSE_DSN": f"http://127.0.0.1:{free_port()}/gpumeter",
         "GPUMETER_WORKER_METRICS_PORT": "0",
     })
-    run = [sys.executable, "-m", "gpumeter.cli"]
+    run = [sys.executable, "-m", "gpumeter.app.cli"]
     try:
         demo = subprocess.run([*run, "demo", "--seconds", "15"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=600, check=False)

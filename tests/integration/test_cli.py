@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpumeter.runtime.worker_process import WorkerProcess
-from gpumeter.settings import Settings
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core.settings import Settings
 from tests.integration.usage_files import big_h100_user
 from tests.services import REPO, free_port, run_cli
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gpumeter.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "gpumeter.app.cli", *args], capture_output=True, text=True,
                           cwd=REPO, env=env, timeout=300, check=False)
 
 
@@ -157,9 +157,10 @@ def test_finalized_invoice_never_changes_and_late_usage_is_an_adjustment(
 
 
 def test_collect_simulated_publishes_what_the_fleet_emits(settings: Settings) -> None:
-    from collectors.simulated import FleetConfig, SimulatedFleet
-    from gpumeter import kafka, topics
-    from gpumeter.records import split
+    from collectors.sim.fleet import FleetConfig, SimulatedFleet
+    from gpumeter.core import topics
+    from gpumeter.core.records import split
+    from gpumeter.infra import kafka
 
     expected = SimulatedFleet(FleetConfig(seed=5))
     expected_ids = {s["event_id"] for _ in range(3) for s in expected.step_dicts()}

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from gpumeter import clickhouse, kafka, topics
-from gpumeter.runtime.worker_process import WorkerProcess
-from gpumeter.settings import Settings
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core import topics
+from gpumeter.core.settings import Settings
+from gpumeter.infra import clickhouse, kafka
 from tests.integration.usage_files import (
     MALFORMED,
     big_h100_user,

@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from gpumeter import clickhouse, kafka, topics
-from gpumeter.runtime.worker_process import WorkerProcess
-from gpumeter.settings import Settings
-from streams.sink import RATED_COLUMNS, ClickHouseSink, connector
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core import topics
+from gpumeter.core.settings import Settings
+from gpumeter.infra import clickhouse, kafka
+from gpumeter.infra.schema import RATED_USAGE
+from streams.sink import ClickHouseSink, connector
 from tests.integration.test_pipeline import count_rows, publish_lines
 from tests.integration.usage_files import make_samples
 from tests.services import run_cli, wait_until
@@ -85,7 +87,7 @@ def rated_row_values(event_id: str, **changes: Any) -> list[Any]:
         "utilization": None, "energy_joules": None, "labels": {}, "source_partition": 0, "source_offset": 0,
     }
     values.update(changes)
-    return [values[column] for column in RATED_COLUMNS]
+    return [values[column] for column in RATED_USAGE.insert_columns]
 
 
 def test_the_sink_stores_the_batch_and_returns_rows_the_engine_refuses(settings: Settings) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gpumeter.settings import DEFAULTS_DIR
+from gpumeter.core.settings import DEFAULTS_DIR
 
 TENANTS = ("team-a", "team-b", "research", "sandbox")
 GPU_CHOICES = (

@@ -10,10 +10,10 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from gpumeter.models import parse_sample
-from gpumeter.money import exact
-from gpumeter.ratecard import RateCard, RateCardSet
-from gpumeter.tenants import TenantsFile
+from gpumeter.core.models import parse_sample
+from gpumeter.core.money import exact
+from gpumeter.core.ratecard import RateCard, RateCardSet
+from gpumeter.core.tenants import TenantsFile
 from pricing.invoice import Invoice, LineKey, UsageLine, build_invoice
 from pricing.rating import Rater
 

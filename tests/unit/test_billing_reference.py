@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpumeter.config_files import read_yaml
-from gpumeter.models import SampleRejected, parse_sample
-from gpumeter.ratecard import load_rate_cards
+from gpumeter.core.config_files import read_yaml
+from gpumeter.core.models import SampleRejected, parse_sample
+from gpumeter.core.ratecard import load_rate_cards
 from pricing.invoice import build_invoice
 from pricing.rating import Rater
 from tests.unit import reference_billing as ref

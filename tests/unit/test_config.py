@@ -12,10 +12,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gpumeter.config_files import ConfigError, read_yaml
-from gpumeter.ratecard import Rate, RateCard, RateCardSet, load_rate_card, load_rate_cards
-from gpumeter.settings import load_settings
-from gpumeter.tenants import TenantPolicy, load_tenants
+from gpumeter.core.config_files import ConfigError, read_yaml
+from gpumeter.core.ratecard import Rate, RateCard, RateCardSet, load_rate_card, load_rate_cards
+from gpumeter.core.settings import load_settings
+from gpumeter.core.tenants import TenantPolicy, load_tenants
 
 CONTRACT_CARD = """\
 version: "2026-11"
@@ -560,7 +560,7 @@ def test_missing_settings_file(tmp_path):
 
 
 def test_dsn_round_trips_with_another_database_and_keeps_credentials() -> None:
-    from gpumeter.clickhouse import parse_dsn
+    from gpumeter.infra.clickhouse import parse_dsn
 
     for text in ("http://127.0.0.1:8123/gpumeter", "https://fin%40ops:p%3Ass@ch.example:8443/billing",
                  "chdb:///var/lib/gm?database=gpumeter"):

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpumeter import jsonio
-from gpumeter.models import SampleRejected, UsageSample, parse_sample, utc_month
+from gpumeter.core import jsonio
+from gpumeter.core.models import SampleRejected, UsageSample, parse_sample, utc_month
 from pricing.rating import Rater
 from tests.unit.billing_harness import card_set
 

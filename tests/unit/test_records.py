@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from gpumeter.ratecard import load_rate_cards
-from gpumeter.records import RecordBatcher, join, split
-from gpumeter.settings import DEFAULTS_DIR
+from gpumeter.core.ratecard import load_rate_cards
+from gpumeter.core.records import RecordBatcher, join, split
+from gpumeter.core.settings import DEFAULTS_DIR
 from streams.stage import RatingStage
 
 
@@ -58,7 +58,7 @@ def test_stage_rates_each_line_and_dead_letters_bad_ones_with_their_index() -> N
 
 
 def test_group_by_key_maps_every_message_to_one_bounded_record_in_order() -> None:
-    from gpumeter.records import group_by_key
+    from gpumeter.core.records import group_by_key
 
     messages = [(b"a" if i % 3 else b"b", sample(f"e{i}")) for i in range(11)]
     groups = group_by_key(messages, max_samples=3)
@@ -83,7 +83,7 @@ def test_a_replayed_event_id_with_other_billing_fields_is_a_dead_letter_not_a_si
 
 
 def test_an_oversized_sample_is_rejected_with_its_size() -> None:
-    from gpumeter.models import MAX_SAMPLE_BYTES, SampleRejected, parse_sample
+    from gpumeter.core.models import MAX_SAMPLE_BYTES, SampleRejected, parse_sample
 
     document = json.loads(sample("big"))
     document["labels"] = {f"k{i}": "v" * 100 for i in range(MAX_SAMPLE_BYTES // 100)}

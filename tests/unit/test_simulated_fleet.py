@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 
 import gpumeter
-from collectors.sim_hardware import GPU_SPECS
-from collectors.simulated import (
+from collectors.sim.fleet import (
     GPUS_LABEL,
     MIG_SLICE_LABEL,
     FleetConfig,
     SimulatedFleet,
     TenantSpec,
 )
-from gpumeter import jsonio
-from gpumeter.models import UsageSample, parse_sample
-from gpumeter.tenants import load_tenants
+from collectors.sim.hardware import GPU_SPECS
+from gpumeter.core import jsonio
+from gpumeter.core.models import UsageSample, parse_sample
+from gpumeter.core.tenants import load_tenants
 
 SWITCH = datetime(2026, 11, 1, tzinfo=UTC)
 # 10-minute windows from 2026-10-30 to 2026-11-01T12:00Z: 360 windows crossing the switch.
@@ -75,7 +75,7 @@ def test_step_and_step_dicts_are_the_same_samples() -> None:
         models = as_models.step()
         dicts = as_dicts.step_dicts()
         assert [parse_sample(d) for d in dicts] == models
-        # The dict is exactly the model's dump in gpumeter.jsonio conventions.
+        # The dict is exactly the model's dump in gpumeter.core.jsonio conventions.
         assert [jsonio.loads(jsonio.dumps(m.model_dump())) for m in models] == dicts
 
 
@@ -348,8 +348,8 @@ def test_stream_is_identical_across_processes() -> None:
 
     script = (
         "import hashlib\n"
-        "from collectors.simulated import FleetConfig, SimulatedFleet\n"
-        "from gpumeter import jsonio\n"
+        "from collectors.sim.fleet import FleetConfig, SimulatedFleet\n"
+        "from gpumeter.core import jsonio\n"
         "fleet = SimulatedFleet(FleetConfig(seed=21))\n"
         "digest = hashlib.sha256()\n"
         "for _ in range(300):\n"

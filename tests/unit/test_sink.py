@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
+from gpumeter.infra.schema import RATED_USAGE
 from streams.app import BatchWriter
-from streams.sink import RATED_COLUMNS, ClickHouseSink, Row, StoreResult, is_permanent
+from streams.sink import ClickHouseSink, Row, StoreResult, is_permanent
 
-PRIORITY = RATED_COLUMNS.index("priority")
+PRIORITY = RATED_USAGE.insert_columns.index("priority")
 
 
 class FakeResult:
@@ -54,9 +55,9 @@ class FakeClickHouseClient:
 
 
 def row(event_id: str, priority: int = 0) -> Row:
-    values: dict[str, Any] = dict.fromkeys(RATED_COLUMNS)
+    values: dict[str, Any] = dict.fromkeys(RATED_USAGE.insert_columns)
     values.update(event_id=event_id, tenant="team-a", period="2026-11", priority=priority)
-    return tuple(values[column] for column in RATED_COLUMNS)
+    return tuple(values[column] for column in RATED_USAGE.insert_columns)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,147 @@
+"""Prometheus metrics of the node agent itself, served on ``/metrics``.
+
+Counters live on the objects that own them (spool, NVML source, publisher,
+collector); a custom collector reads them at scrape time, so the hot path never
+touches Prometheus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from collectors.agent.publisher import Publisher
+
+PREFIX = "gpumeter_agent"
+
+
+# What the metrics read of the collector, as a protocol: the collector imports this module to
+# count its cycles, so this module must not import the collector back.
+class _BuilderStats(Protocol):
+    unattributed: int
+    invalid: int
+
+
+class _SampleBuilder(Protocol):
+    @property
+    def stats(self) -> _BuilderStats: ...
+
+
+class CollectorView(Protocol):
+    lost_gpus: int
+    source_errors: dict[str, int]
+
+    @property
+    def builder(self) -> _SampleBuilder: ...
+
+    def nvml_error_counts(self) -> Mapping[tuple[str, str], int]: ...
+
+    def gpu_count(self) -> int: ...
+
+
+class _AgentState(Collector):
+    def __init__(self, metrics: AgentMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        m = self._metrics
+        emitted = CounterMetricFamily(f"{PREFIX}_samples_emitted", "Samples built, by kind", labels=["kind"])
+        for kind, count in sorted(m.emitted.items()):
+            emitted.add_metric([kind], count)
+        yield emitted
+        publisher = m.publisher
+        if publisher is not None:
+            spool = publisher.spool
+            yield GaugeMetricFamily(f"{PREFIX}_spool_bytes", "Spool bytes", value=spool.size_bytes)
+            yield GaugeMetricFamily(
+                f"{PREFIX}_spool_records", "Records in the disk spool", value=spool.records
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_spool_full", "1 while the spool is dropping records", value=1 if spool.full else 0
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_spool_dropped_records",
+                "Records dropped because the spool was full (usage not billed)",
+                value=spool.dropped,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_spool_corrupt_records",
+                "Damaged spool records skipped",
+                value=spool.corrupt_records,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_samples_sent", "Samples acknowledged by Kafka", value=publisher.sent
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_samples_spooled", "Samples written to the spool", value=publisher.spooled
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_samples_replayed",
+                "Spooled samples acknowledged by Kafka",
+                value=publisher.replayed,
+            )
+            yield GaugeMetricFamily(
+                f"{PREFIX}_kafka_up",
+                "1 when the last Kafka send was acknowledged",
+                value=1 if publisher.kafka_up else 0,
+            )
+        collector = m.collector
+        if collector is not None:
+            errors = CounterMetricFamily(
+                f"{PREFIX}_nvml_errors", "NVML call errors", labels=["call", "error"]
+            )
+            for (call, error), count in sorted(collector.nvml_error_counts().items()):
+                errors.add_metric([call, error], count)
+            yield errors
+            yield GaugeMetricFamily(f"{PREFIX}_gpus", "GPUs NVML reports", value=collector.gpu_count())
+            yield GaugeMetricFamily(
+                f"{PREFIX}_gpus_lost", "GPUs lost in the last read", value=collector.lost_gpus
+            )
+            failures = CounterMetricFamily(
+                f"{PREFIX}_source_errors", "Failed reads of a source", labels=["source"]
+            )
+            for source, count in sorted(collector.source_errors.items()):
+                failures.add_metric([source], count)
+            yield failures
+            yield CounterMetricFamily(
+                f"{PREFIX}_unattributed_devices",
+                "Held devices whose pod was unknown",
+                value=collector.builder.stats.unattributed,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_invalid_samples",
+                "Samples failing contract 1 (bug)",
+                value=collector.builder.stats.invalid,
+            )
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.emitted: dict[str, int] = {}
+        self.publisher: Publisher | None = None
+        self.collector: CollectorView | None = None
+        self.cycle_seconds = Histogram(
+            f"{PREFIX}_cycle_seconds",
+            "Wall time of one collection cycle",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.cycle_cpu_seconds = Histogram(
+            f"{PREFIX}_cycle_cpu_seconds",
+            "CPU time of one collection cycle",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+            registry=self.registry,
+        )
+        self.registry.register(_AgentState(self))
+
+    def count_emitted(self, kind: str, count: int = 1) -> None:
+        self.emitted[kind] = self.emitted.get(kind, 0) + count
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:
+        return start_http_server(port, addr=addr, registry=self.registry)

@@ -1,0 +1,270 @@
+"""Publishing samples to Kafka, falling back to the disk spool while Kafka is unreachable.
+
+Samples go to ``gpumeter.usage.samples.v1`` keyed by tenant through the kernel's
+idempotent producer (acks=all). A batch is acknowledged when every record's
+future succeeded within ``send_timeout``; whatever was not acknowledged is
+appended to the spool (and the producer is dropped and rebuilt later, so it
+does not keep retrying records the spool now owns). While the spool holds
+anything, new samples are appended behind it, so order stays oldest first;
+each publish first replays the spool, a segment at a time, deleting a segment
+only after the broker acknowledged every record in it.
+
+Delivery is at-least-once: a record whose acknowledgement was lost may be sent
+again from the spool; its ``event_id`` makes the duplicate harmless downstream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.errors import KafkaError
+
+from collectors.agent.spool import Spool
+from gpumeter.core import jsonio, records
+from gpumeter.core.models import NodeTopology, UsageSample
+from gpumeter.core.settings import KafkaSettings
+from gpumeter.core.topics import SAMPLES, TOPOLOGY
+from gpumeter.infra.kafka import KafkaUnavailable, make_producer
+
+log = logging.getLogger(__name__)
+
+_KEY_LENGTH = struct.Struct(">H")
+
+
+def encode_message(key: bytes, value: bytes) -> bytes:
+    """Spool payload: u16 key length, key, value."""
+    return _KEY_LENGTH.pack(len(key)) + key + value
+
+
+def decode_message(payload: bytes) -> tuple[bytes, bytes]:
+    (length,) = _KEY_LENGTH.unpack_from(payload, 0)
+    start = _KEY_LENGTH.size
+    return payload[start : start + length], payload[start + length :]
+
+
+def sample_message(sample: UsageSample) -> bytes:
+    value = jsonio.dumpb(sample.model_dump(exclude_none=True))
+    return encode_message(sample.tenant.encode(), value)
+
+
+class DeliveryFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class PublishResult:
+    sent: int = 0
+    spooled: int = 0
+    dropped: int = 0
+    replayed: int = 0
+
+
+ProducerFactory = Callable[[], Any]
+
+
+class Publisher:
+    """Kafka first, disk spool when Kafka is away, replay when it is back."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        spool: Spool,
+        *,
+        producer_factory: ProducerFactory | None = None,
+        send_timeout: float = 10.0,
+        retry_seconds: float = 5.0,
+        replay_budget_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kafka = kafka
+        self.spool = spool
+        self.topic = kafka.topic(SAMPLES)
+        self.topology_topic = kafka.topic(TOPOLOGY)
+        self.send_timeout = send_timeout
+        self.retry_seconds = retry_seconds
+        self.replay_budget_seconds = replay_budget_seconds
+        self._clock = clock
+        self._factory = producer_factory or self._default_factory
+        self._producer: Any = None
+        self._next_attempt = 0.0
+        self._lock = threading.Lock()
+        self._pending_topology: NodeTopology | None = None
+        self.sent = 0
+        self.spooled = 0
+        self.replayed = 0
+        self.send_failures = 0
+        self.kafka_up = False
+
+    def _default_factory(self) -> Any:
+        timeout_ms = int(self.send_timeout * 1000)
+        return make_producer(
+            self.kafka,
+            max_block_ms=min(timeout_ms, 5000),
+            request_timeout_ms=max(timeout_ms, 5000),
+            delivery_timeout_ms=max(2 * timeout_ms, 30_000),
+        )
+
+    # -- producer lifecycle ------------------------------------------------------------------------
+
+    def _ensure_producer(self) -> Any:
+        if self._producer is not None:
+            return self._producer
+        now = self._clock()
+        if now < self._next_attempt:
+            return None
+        try:
+            self._producer = self._factory()
+        except (KafkaUnavailable, KafkaError, OSError) as exc:
+            self._mark_down(f"cannot connect: {exc}")
+            return None
+        return self._producer
+
+    def _mark_down(self, reason: str) -> None:
+        if self.kafka_up or self._next_attempt == 0.0:
+            log.warning("Kafka unavailable (%s); samples go to the spool at %s", reason, self.spool.directory)
+        self.kafka_up = False
+        self.send_failures += 1
+        self._next_attempt = self._clock() + self.retry_seconds
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                # Give up on its buffered records: the spool owns them now.
+                producer.close(timeout=0)
+            except Exception as exc:  # closing a broken client must not break the agent
+                log.debug("closing producer: %s", exc)
+
+    def _mark_up(self) -> None:
+        if not self.kafka_up:
+            log.info("Kafka reachable at %s", self.kafka.bootstrap)
+        self.kafka_up = True
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    def _send(
+        self, producer: Any, topic: str, messages: Sequence[tuple[bytes, bytes]], timeout: float
+    ) -> list[int]:
+        """Send and wait; returns the indexes of the messages the broker did not acknowledge.
+
+        Samples go out as multi-sample records per tenant (gpumeter/records.py): the worker
+        pays its per-record cost once per record, not once per sample. A record that is
+        not acknowledged fails every sample in it, so those are spooled and replayed.
+        """
+        groups = records.group_by_key(list(messages))
+        futures: list[Any] = []
+        try:
+            for key, members in groups:
+                value = records.join([messages[i][1] for i in members])
+                futures.append(producer.send(topic, key=key, value=value))
+        except KafkaError as exc:
+            log.warning("Kafka send failed after %d of %d records: %s", len(futures), len(groups), exc)
+        try:
+            producer.flush(timeout=timeout)
+        except KafkaError as exc:
+            log.warning("Kafka flush did not finish in %.1f s: %s", timeout, exc)
+        failed_groups = [i for i, future in enumerate(futures) if not (future.is_done and future.succeeded())]
+        failed_groups.extend(range(len(futures), len(groups)))
+        return sorted(index for g in failed_groups for index in groups[g][1])
+
+    def _send_payloads(self, payloads: list[bytes]) -> None:
+        """Send spooled payloads; raise DeliveryFailed unless every one was acknowledged."""
+        producer = self._ensure_producer()
+        if producer is None:
+            raise DeliveryFailed("Kafka unavailable")
+        messages = [decode_message(payload) for payload in payloads]
+        timeout = max(self.send_timeout, len(messages) / 5000)
+        failed = self._send(producer, self.topic, messages, timeout)
+        if failed:
+            self._mark_down(f"{len(failed)} of {len(messages)} spooled records not acknowledged")
+            raise DeliveryFailed(f"{len(failed)} records not acknowledged")
+        self.replayed += len(messages)
+        self._mark_up()
+
+    def replay(self, budget_seconds: float | None = None) -> int:
+        """Replay the spool oldest first within a time budget; returns records replayed."""
+        if not self.spool.records:
+            return 0
+        if self._ensure_producer() is None:
+            return 0
+        budget = self.replay_budget_seconds if budget_seconds is None else budget_seconds
+        deadline = time.monotonic() + budget  # the spool measures its budget on the real monotonic clock
+        before = self.replayed
+        with contextlib.suppress(DeliveryFailed):
+            self.spool.replay(self._send_payloads, deadline=deadline)
+        count = self.replayed - before
+        if count:
+            log.info("replayed %d spooled samples; %d still spooled", count, self.spool.records)
+        return count
+
+    def publish(self, samples: Sequence[UsageSample]) -> PublishResult:
+        """Deliver ``samples`` to Kafka, or spool them durably. Never raises for a Kafka outage."""
+        with self._lock:
+            result = PublishResult()
+            self._flush_topology()
+            result.replayed = self.replay()
+            if not samples:
+                return result
+            payloads = [sample_message(sample) for sample in samples]
+            producer = None if self.spool.records else self._ensure_producer()
+            if producer is None:
+                self._spool(payloads, result)
+                return result
+            messages = [decode_message(payload) for payload in payloads]
+            failed = self._send(producer, self.topic, messages, self.send_timeout)
+            result.sent = len(payloads) - len(failed)
+            self.sent += result.sent
+            if failed:
+                self._mark_down(f"{len(failed)} of {len(payloads)} records not acknowledged")
+                self._spool([payloads[i] for i in failed], result)
+            else:
+                self._mark_up()
+            return result
+
+    def _spool(self, payloads: list[bytes], result: PublishResult) -> None:
+        kept = self.spool.append(payloads)
+        result.spooled += kept
+        result.dropped += len(payloads) - kept
+        self.spooled += kept
+
+    # -- topology ----------------------------------------------------------------------------------
+
+    def publish_topology(self, topology: NodeTopology) -> bool:
+        """Publish the node's topology (compacted topic, key = node); kept and retried while Kafka is away."""
+        with self._lock:
+            self._pending_topology = topology
+            return self._flush_topology()
+
+    def _flush_topology(self) -> bool:
+        topology = self._pending_topology
+        if topology is None:
+            return True
+        producer = self._ensure_producer()
+        if producer is None:
+            return False
+        value = jsonio.dumpb(topology.model_dump())
+        failed = self._send(
+            producer, self.topology_topic, [(topology.node.encode(), value)], self.send_timeout
+        )
+        if failed:
+            self._mark_down("topology not acknowledged")
+            return False
+        self._pending_topology = None
+        self._mark_up()
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            producer, self._producer = self._producer, None
+            if producer is not None:
+                try:
+                    producer.flush(timeout=timeout)
+                    producer.close(timeout=timeout)
+                except Exception as exc:
+                    log.warning("closing Kafka producer: %s", exc)
+            self.spool.close()

@@ -1,0 +1,142 @@
+"""The `gpumeter` command. Components are imported inside the command that needs them.
+
+Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad input. Errors are one line
+on stderr; a traceback is printed only with GPUMETER_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from gpumeter.app.cli.errors import UsageError
+from gpumeter.core.config_files import ConfigError
+from gpumeter.core.settings import Settings, load_settings
+
+PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+
+
+
+
+def _period(value: str) -> str:
+    if not PERIOD.match(value):
+        raise argparse.ArgumentTypeError(f"period must be YYYY-MM, got {value!r}")
+    return value
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"gpumeter: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gpumeter", description="GPU metering, quotas and billing")
+    parser.add_argument("--config", type=Path, help="settings YAML (default: $GPUMETER_CONFIG)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    commands.add_parser("demo", help="run the whole pipeline on a simulated fleet").add_argument(
+        "--seconds", type=_positive_float, default=60.0, help="wall time of the simulated run")
+    commands.add_parser("up", help="start the local Kafka broker and ClickHouse server")
+    commands.add_parser("down", help="stop them")
+    commands.add_parser("status", help="show what runs where")
+
+    collect = commands.add_parser("collect", help="node agent")
+    collect.add_argument("--source", choices=["nvml", "simulated"], required=True)
+    collect.add_argument("--seed", type=int, default=7)
+    collect.add_argument("--windows", type=int, default=0, help="simulated: stop after N windows (0: never)")
+    collect.add_argument("--speed", type=_positive_float, default=None,
+                         help="simulated: windows per second (default: as fast as possible)")
+
+    worker = commands.add_parser("worker", help="stream processors (rating, sink)")
+    worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+
+    ingest = commands.add_parser("ingest", help="publish UsageSample lines from a file ('-' = stdin)")
+    ingest.add_argument("file")
+
+    invoice = commands.add_parser("invoice", help="build invoices from ClickHouse")
+    who = invoice.add_mutually_exclusive_group(required=True)
+    who.add_argument("--tenant")
+    who.add_argument("--all-tenants", action="store_true")
+    invoice.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
+    invoice.add_argument("--format", choices=["csv", "json", "pdf"], default="json")
+    invoice.add_argument("--out", type=Path, default=Path("gpumeter-out"))
+    invoice.add_argument("--finalize", action="store_true",
+                         help="issue the invoice: it is stored and never changes; later usage "
+                              "of the month goes on an adjustment invoice")
+
+    drain = commands.add_parser("drain", help="wait until everything published is rated and stored")
+    drain.add_argument("--timeout", type=_positive_float, default=300.0)
+    return parser
+
+
+# Command -> (module under gpumeter.app.cli, function). A command's module, and whatever it
+# needs, is imported only when that command runs, so `gpumeter --help` stays fast.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("local", "up"), "down": ("local", "down"), "status": ("local", "status"),
+    "worker": ("worker", "run"), "ingest": ("ingest", "run"), "drain": ("drain", "run"),
+    "invoice": ("invoice", "run"), "collect": ("collect", "run"), "demo": ("demo", "run"),
+}
+
+
+def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
+    module, function = COMMANDS[name]
+    command: Callable[[Settings, argparse.Namespace], int] = getattr(
+        importlib.import_module(f"gpumeter.app.cli.{module}"), function)
+    return command
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_quiet_client_libraries)
+    try:
+        settings = load_settings(args.config)
+        return _command(args.command)(settings, args)
+    except (UsageError, ConfigError) as exc:
+        return _fail(2, exc)
+    except KeyboardInterrupt:
+        print("gpumeter: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the one place that turns failures into exit codes
+        if os.environ.get("GPUMETER_DEBUG"):
+            raise
+        return _fail(1, exc)
+
+
+# kafka-python logs every refused connection while a broker starts, and the HTTP stack under
+# clickhouse-connect every retry; our own code turns a service that stays away into one clear
+# error, so their chatter would only bury that line. (A handler filter, because
+# clickhouse-connect resets the urllib3 logger's level when it is imported.)
+_CHATTY = ("kafka", "urllib3", "clickhouse_connect")
+
+
+def _quiet_client_libraries(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.CRITICAL or not record.name.startswith(_CHATTY)
+
+
+def _fail(code: int, exc: BaseException) -> int:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"gpumeter: error: {message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

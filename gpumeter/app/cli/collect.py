@@ -1,0 +1,26 @@
+"""`gpumeter collect`: the node agent (NVML) or the simulated fleet."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpumeter.app.cli.errors import Failure
+from gpumeter.core.settings import Settings
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.source == "nvml":
+        from collectors.agent.collector import AgentConfig, run_agent
+        from collectors.agent.nvml_source import NvmlUnavailable
+
+        try:
+            cycles = run_agent(settings, "nvml", config=AgentConfig.from_env())
+        except NvmlUnavailable as exc:
+            raise Failure(f"NVML is not available on this node: {exc}") from None
+        print(f"agent stopped after {cycles} collection cycles")
+        return 0
+    from collectors.sim.runner import run_simulated
+
+    published = run_simulated(settings, seed=args.seed, windows=args.windows or None, speed=args.speed)
+    print(f"published {published} samples")
+    return 0

@@ -1,0 +1,358 @@
+"""Event models: contract 1 (UsageSample) and what the pipeline derives from it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
+
+from gpumeter.core import jsonio
+from gpumeter.core.money import exact
+from gpumeter.core.validation import (
+    TENANT_PATTERN,
+    AwareTimestamp,
+    DecimalValue,
+    NonNegativeDecimal,
+    UtcTimestamp,
+    non_negative_decimal,
+    sub_microsecond_ns,
+)
+
+Kind = Literal["gpu", "cpu", "memory", "storage"]
+CapacityType = Literal["on-demand", "spot", "reserved"]
+CAPACITY_TYPES: tuple[CapacityType, ...] = ("on-demand", "reserved", "spot")
+KINDS: tuple[Kind, ...] = ("gpu", "cpu", "memory", "storage")
+
+MAX_WINDOW_SECONDS = 3600
+# Quantities carry at most 12 decimal places and stay below 10^9 units, so
+# unit-seconds (quantity x seconds, microsecond timestamps) fit Decimal(38, 18) exactly.
+QUANTITY_PLACES = 12
+MAX_QUANTITY = Decimal(10) ** 9
+
+# Non-empty and not blank: the pattern asks for at least one non-space character.
+# Contract 1, amended: what storage holds. A Kubernetes pod priority is an Int32 column;
+# telemetry goes to Decimal(18, 6) (utilization) and Decimal(38, 6) columns; timestamps lie
+# in 1970-2299 (DateTime64's range, with the Unix epoch as the floor).
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+Int32 = Annotated[StrictInt, Field(ge=INT32_MIN, le=INT32_MAX)]
+UTILIZATION_LIMIT = Decimal(10) ** 12
+TELEMETRY_LIMIT = Decimal(10) ** 32
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+END_OF_RANGE = datetime(2300, 1, 1, tzinfo=UTC)
+
+NonEmpty = Annotated[str, Field(min_length=1, max_length=253, pattern=r"\S")]
+_MAX_WINDOW = timedelta(seconds=MAX_WINDOW_SECONDS)
+_ZERO = timedelta(0)
+
+
+class UsageSample(BaseModel):
+    """One window of one resource held by one pod (contract 1). Strict: unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+    event_id: Annotated[str, Field(min_length=1, max_length=128)]
+    kind: Kind
+    cluster: NonEmpty
+    node: NonEmpty
+    tenant: Annotated[str, Field(pattern=TENANT_PATTERN)]
+    namespace: NonEmpty
+    pod: NonEmpty
+    pod_uid: NonEmpty
+    window_start: AwareTimestamp
+    window_end: AwareTimestamp
+    quantity: non_negative_decimal(QUANTITY_PLACES)  # type: ignore[valid-type]
+    gpu_model: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    mig_profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    capacity_type: CapacityType = "on-demand"
+    priority: Int32 = 0
+    utilization: Annotated[NonNegativeDecimal, Field(lt=UTILIZATION_LIMIT)] | None = None
+    memory_used_bytes: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
+    power_watts: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
+    energy_joules: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    # Nanoseconds below the microsecond of window_start / window_end (RFC3339Nano input).
+    _start_ns: int = PrivateAttr(default=0)
+    _end_ns: int = PrivateAttr(default=0)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_nanoseconds(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> UsageSample:
+        sample: UsageSample = handler(data)
+        if isinstance(data, dict):
+            sample._start_ns = sub_microsecond_ns(data.get("window_start"))
+            sample._end_ns = sub_microsecond_ns(data.get("window_end"))
+            seconds = sample.window_seconds
+            if seconds <= 0:
+                raise ValueError("window_end must be after window_start")
+            if seconds > MAX_WINDOW_SECONDS:
+                raise ValueError(
+                    f"window_start to window_end is {seconds} s; the maximum is {MAX_WINDOW_SECONDS} s"
+                )
+        return sample
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> UsageSample:
+        if self.window_start < EARLIEST or self.window_end >= END_OF_RANGE:
+            raise ValueError("window_start and window_end must lie between 1970 and 2299 (UTC)")
+        length = self.window_end - self.window_start
+        if length < _ZERO:
+            raise ValueError("window_end must be after window_start")
+        if length > _MAX_WINDOW:
+            raise ValueError(
+                f"window_start to window_end is {length.total_seconds()} s; "
+                f"the maximum is {MAX_WINDOW_SECONDS} s"
+            )
+        if self.quantity >= MAX_QUANTITY:
+            raise ValueError(f"quantity must be below {MAX_QUANTITY}")
+        if self.kind == "gpu":
+            if self.gpu_model is None:
+                raise ValueError("gpu_model is required when kind is gpu")
+        elif self.gpu_model is not None or self.mig_profile is not None:
+            raise ValueError("gpu_model and mig_profile are only valid when kind is gpu")
+        return self
+
+    @property
+    def window_seconds(self) -> Decimal:
+        """Exact window length in seconds, to the nanosecond the sender gave."""
+        delta = self.window_end - self.window_start
+        micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+        nanos = micros * 1000 + self._end_ns - self._start_ns
+        # Microsecond input keeps its 6-place form (and every stored value its old shape).
+        return Decimal(nanos // 1000).scaleb(-6) if nanos % 1000 == 0 else Decimal(nanos).scaleb(-9)
+
+    @property
+    def unit_seconds(self) -> Decimal:
+        """quantity x seconds: exact (60-digit context), unlike unit-hours, which divide by 3600."""
+        with exact():
+            return self.quantity * self.window_seconds
+
+    @property
+    def period_month(self) -> str:
+        """The invoice month: the UTC calendar month of window_start (contract 3, step 4)."""
+        return utc_month(self.window_start)
+
+
+def utc_month(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m")
+
+
+class SampleRejected(ValueError):
+    """A sample that fails contract 1, with a one-line reason."""
+
+    def __init__(self, reason: str, code: str = "invalid") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.code = code
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming each failing field and why."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        location = ".".join(str(item) for item in error["loc"]) or "sample"
+        message = error["msg"].removeprefix("Value error, ")
+        parts.append(f"{location}: {message}")
+    return "; ".join(parts)
+
+
+# A real sample is well under 2 KiB; the bound keeps one record (and Kafka's 1 MiB message
+# limit) safe from a sample padded with labels.
+MAX_SAMPLE_BYTES = 64 * 1024
+
+
+def parse_sample(raw: bytes | str | dict[str, Any]) -> UsageSample:
+    """Bytes, text or a parsed object to a UsageSample, or SampleRejected with the reason."""
+    if isinstance(raw, dict):
+        document: Any = raw
+    elif len(raw) > MAX_SAMPLE_BYTES:
+        raise SampleRejected(f"sample is {len(raw)} bytes; the limit is {MAX_SAMPLE_BYTES}", code="too_large")
+    else:
+        try:
+            document = jsonio.loads(raw)
+        except jsonio.JSONInputError as exc:
+            raise SampleRejected(str(exc), code="not_json") from None
+    if not isinstance(document, dict):
+        raise SampleRejected(f"expected a JSON object, got {type(document).__name__}", code="not_object")
+    try:
+        return UsageSample.model_validate(document)
+    except ValidationError as exc:
+        raise SampleRejected(describe_validation_error(exc)) from None
+
+
+class RatedUsage(BaseModel):
+    """A sample with its price attached (contract 3, steps 1-3): what the rated topic carries."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: str
+    kind: Kind
+    cluster: str
+    node: str
+    tenant: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    window_start: UtcTimestamp
+    window_end: UtcTimestamp
+    period: str
+    quantity: NonNegativeDecimal
+    unit_seconds: NonNegativeDecimal
+    gpu_model: str | None
+    mig_profile: str | None
+    capacity_type: CapacityType
+    priority: int
+    rate_card: str
+    currency: str
+    unit_price: NonNegativeDecimal
+    capacity_multiplier: NonNegativeDecimal
+    list_cost: NonNegativeDecimal
+    utilization: NonNegativeDecimal | None = None
+    energy_joules: NonNegativeDecimal | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    source_partition: int = -1
+    source_offset: int = -1
+
+
+class DeadLetter(BaseModel):
+    """A rejected input with enough context to find, fix and replay it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason_code: str
+    reason: str
+    raw: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    source_index: int = 0  # line within a multi-sample record (gpumeter/records.py)
+    event_id: str | None = None
+    tenant: str | None = None
+    rejected_at: UtcTimestamp
+
+
+QuotaMetric = Literal["gpu_hours", "spend", "max_gpus"]
+QuotaLevel = Literal["warning", "exceeded", "recovered"]
+
+
+class QuotaEvent(BaseModel):
+    """A quota crossing (contract 4): emitted once per crossing, not per sample.
+
+    ``threshold`` is the fraction crossed ("0.8", "1"); ``used`` and ``limit`` are decimal
+    strings on the wire (money 2 places, hours 6 places). ``event_id`` is deterministic for
+    one crossing, so a replay republishes the same id and consumers fold it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_id: str
+    tenant: str
+    metric: QuotaMetric
+    level: QuotaLevel
+    threshold: DecimalValue
+    used: DecimalValue
+    limit: DecimalValue
+    period: str
+    at: UtcTimestamp
+
+
+class GpuDevice(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int
+    uuid: str
+    model: str
+    nvlink_peers: list[int] = Field(default_factory=list)
+    numa_node: int | None = None
+
+
+class NodeTopology(BaseModel):
+    """GPU layout of one node, published compacted by node name for the extender."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: str
+    node: str
+    gpus: list[GpuDevice]
+    # Pairwise link class by GPU index, e.g. {"0-1": "NV18", "0-4": "SYS"}.
+    links: dict[str, str] = Field(default_factory=dict)
+    at: UtcTimestamp
+
+
+class GpuAssignment(BaseModel):
+    """GPU indices the kubelet assigned to one container of one pod (contract 8)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str = ""
+    gpu_indices: list[int]
+
+
+class NodeAllocation(BaseModel):
+    """Which GPU indices of a node are assigned, and to which pod, every window (contract 8)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cluster: str
+    node: str
+    assignments: list[GpuAssignment] = Field(default_factory=list)
+    at: UtcTimestamp
+
+
+def dead_letter(
+    raw: bytes, code: str, reason: str, source_topic: str, partition: int, offset: int,
+    sample: UsageSample | None = None, index: int = 0,
+) -> DeadLetter:
+    """A dead letter for ``raw``, naming its event_id and tenant when they can be read."""
+    event_id, tenant = (sample.event_id, sample.tenant) if sample else _readable_ids(raw)
+    return DeadLetter(
+        reason_code=code, reason=reason, raw=jsonio.raw_text(raw), source_topic=source_topic,
+        source_partition=partition, source_offset=offset, source_index=index, event_id=event_id,
+        tenant=tenant,
+        rejected_at=datetime.now(UTC),
+    )
+
+
+def _readable_ids(raw: bytes) -> tuple[str | None, str | None]:
+    try:
+        document = jsonio.loads(raw)
+    except jsonio.JSONInputError:
+        return None, None
+    if not isinstance(document, dict):
+        return None, None
+    event_id, tenant = document.get("event_id"), document.get("tenant")
+    return (
+        event_id[:128] if isinstance(event_id, str) else None,
+        tenant[:63] if isinstance(tenant, str) else None,
+    )
+
+
+_QUANTITY_QUANTUM = Decimal(1).scaleb(-QUANTITY_PLACES)
+
+
+def quantize_quantity(value: Decimal) -> Decimal:
+    """A held quantity at contract precision (12 places), e.g. a MIG share such as 1/7 GPU.
+
+    Contract 1 counts GPUs, fractions for MIG and shared devices; every collector rounds a
+    fraction the same way (half-even) so one device-window always has one quantity.
+    """
+    with exact():
+        return value.quantize(_QUANTITY_QUANTUM, rounding=ROUND_HALF_EVEN)
+
+
+def gpu_share(slices: int, slices_per_gpu: int) -> Decimal:
+    """The fraction of a GPU that ``slices`` of its ``slices_per_gpu`` compute slices are."""
+    return quantize_quantity(Decimal(slices) / Decimal(slices_per_gpu))

@@ -1,0 +1,146 @@
+"""Settings: one YAML file (``--config`` or GPUMETER_CONFIG), every key also an env var.
+
+A nested key maps to an env var by joining its path with underscores:
+``kafka.bootstrap`` is GPUMETER_KAFKA_BOOTSTRAP, ``clickhouse.dsn`` is
+GPUMETER_CLICKHOUSE_DSN. Env vars win over the file; the file wins over defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpumeter.core.config_files import ConfigError, read_yaml, validation_failure
+from gpumeter.core.topics import topic_name
+
+ENV_PREFIX = "GPUMETER_"
+DEFAULTS_DIR = Path(str(resources.files("gpumeter") / "defaults"))
+
+
+def cache_dir() -> Path:
+    """Downloaded artefacts (Kafka jars, kube binaries): ~/.cache/gpumeter or $XDG_CACHE_HOME."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gpumeter"
+
+
+class Partitions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    samples: Annotated[int, Field(ge=1, le=1024)] = 6
+    rated: Annotated[int, Field(ge=1, le=1024)] = 6
+    other: Annotated[int, Field(ge=1, le=1024)] = 3
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bootstrap: str = "127.0.0.1:9092"
+    # Port of the local KRaft controller started by `gpumeter up` (broker port comes from bootstrap).
+    controller_port: Annotated[int, Field(ge=1, le=65535)] = 9093
+    topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]*$")] = ""
+    partitions: Partitions = Field(default_factory=Partitions)
+    heap: str = "768m"
+
+    def topic(self, base: str) -> str:
+        return topic_name(base, self.topic_prefix)
+
+
+class ClickHouseSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dsn: str = "http://127.0.0.1:8123/gpumeter"
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group: str = "gpumeter-worker"
+    sink_batch_size: Annotated[int, Field(ge=1, le=100_000)] = 5000
+    sink_batch_seconds: Annotated[float, Field(gt=0, le=60)] = 0.5
+    # Upper bound of the sink's exponential back-off while ClickHouse is down.
+    sink_max_backoff_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    # Prometheus /metrics of the worker; 0 turns it off.
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9465
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data_dir: Path = Field(default_factory=lambda: cache_dir() / "data")
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    clickhouse: ClickHouseSettings = Field(default_factory=ClickHouseSettings)
+    rate_cards: Path = DEFAULTS_DIR / "ratecards"
+    tenants: Path | None = DEFAULTS_DIR / "tenants.yaml"
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+
+
+def _env_overrides(model: type[BaseModel], env: Mapping[str, str], prefix: str) -> dict[str, Any]:
+    """Collect env vars for every leaf field of ``model``, nested as the model is."""
+    found: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name.upper()}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested = _env_overrides(annotation, env, key + "_")
+            if nested:
+                found[name] = nested
+        elif key in env:
+            found[name] = env[key]
+    return found
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_settings(config: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Defaults, then the YAML file (``config`` or GPUMETER_CONFIG), then env vars."""
+    env = os.environ if env is None else env
+    if config is None and env.get(ENV_PREFIX + "CONFIG"):
+        config = Path(env[ENV_PREFIX + "CONFIG"])
+    document: dict[str, Any] = {}
+    if config is not None:
+        loaded = read_yaml(config)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{config}: settings must be a YAML mapping")
+        document = loaded or {}
+    document = _merge(document, _env_overrides(Settings, env, ENV_PREFIX))
+    if document.get("tenants") == "":
+        document["tenants"] = None
+    try:
+        return Settings.model_validate(document)
+    except ValidationError as exc:
+        raise validation_failure(config or Path("<environment>"), exc) from None
+
+
+def _flatten(model: BaseModel, prefix: str) -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        key = f"{prefix}{name.upper()}"
+        if isinstance(value, BaseModel):
+            flat.update(_flatten(value, key + "_"))
+        else:
+            flat[key] = "" if value is None else str(value)
+    return flat
+
+
+def settings_env(settings: Settings, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """An environment that makes a `gpumeter` subprocess load exactly ``settings``.
+
+    Inherited GPUMETER_* variables are dropped so nothing but ``settings`` decides.
+    """
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith(ENV_PREFIX)}
+    env.update(_flatten(settings, ENV_PREFIX))
+    return env

@@ -1,0 +1,162 @@
+"""ClickHouse access: DSN parsing, client factory, forward-only schema migrations.
+
+Every path (a real server over HTTP, the local server of `gpumeter up`, the in-process
+``chdb:///dir`` engine) runs the same SQL against the same schema. Tables are declared by
+their owners (gpumeter/infra/schema.py, pricing/store.py, ...); the app layer hands the
+owners to ``migrate``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote, unquote, urlparse
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import OperationalError
+
+from gpumeter.infra.tables import SchemaOwner
+
+SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ClickHouseConfigError(ValueError):
+    """A DSN we cannot use."""
+
+
+class ClickHouseUnavailable(RuntimeError):
+    """No ClickHouse server answered at the DSN."""
+
+
+@dataclass(frozen=True)
+class Dsn:
+    scheme: str  # http | https | chdb
+    host: str
+    port: int
+    database: str
+    path: str = ""  # chdb data directory
+    username: str = "default"
+    password: str = ""
+
+    @property
+    def url(self) -> str:
+        """For messages: the DSN without credentials."""
+        if self.scheme == "chdb":
+            return f"chdb://{self.path}?database={self.database}"
+        return f"{self.scheme}://{self.host}:{self.port}/{self.database}"
+
+    @property
+    def text(self) -> str:
+        """The DSN again, credentials included: parse_dsn(dsn.text) == dsn."""
+        if self.scheme == "chdb" or (self.username == "default" and not self.password):
+            return self.url
+        credentials = quote(self.username, safe="")
+        if self.password:
+            credentials += ":" + quote(self.password, safe="")
+        return f"{self.scheme}://{credentials}@{self.host}:{self.port}/{self.database}"
+
+    def with_database(self, database: str) -> Dsn:
+        return _checked(replace(self, database=database))
+
+
+def parse_dsn(dsn: str) -> Dsn:
+    """``http://host:8123/db``, ``https://...``, or ``chdb:///abs/dir`` (db after ``?database=``)."""
+    parsed = urlparse(dsn)
+    if parsed.scheme == "chdb":
+        if not parsed.path:
+            raise ClickHouseConfigError(f"chdb DSN needs a directory: chdb:///path, got {dsn!r}")
+        database = "gpumeter"
+        for part in parsed.query.split("&"):
+            if part.startswith("database="):
+                database = part.split("=", 1)[1]
+        return _checked(Dsn("chdb", "", 0, database, path=parsed.path))
+    if parsed.scheme not in ("http", "https"):
+        raise ClickHouseConfigError(
+            f"ClickHouse DSN must start with http://, https:// or chdb://, got {dsn!r}"
+        )
+    if not parsed.hostname:
+        raise ClickHouseConfigError(f"ClickHouse DSN has no host: {dsn!r}")
+    database = parsed.path.strip("/") or "gpumeter"
+    port = parsed.port or (8443 if parsed.scheme == "https" else 8123)
+    return _checked(
+        Dsn(parsed.scheme, parsed.hostname, port, database,
+            username=unquote(parsed.username or "default"), password=unquote(parsed.password or ""))
+    )
+
+
+def _checked(dsn: Dsn) -> Dsn:
+    if not SCHEMA_NAME.match(dsn.database):
+        raise ClickHouseConfigError(f"database name {dsn.database!r} is not a plain identifier")
+    return dsn
+
+
+def connect(dsn: str | Dsn, create_database: bool = True, **settings: Any) -> Client:
+    """A clickhouse-connect client bound to the DSN's database (created when missing)."""
+    target = parse_dsn(dsn) if isinstance(dsn, str) else dsn
+    if target.scheme == "chdb":
+        client = clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
+        if create_database:
+            client.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
+        client.database = target.database
+        return client
+    common: dict[str, Any] = {
+        "host": target.host,
+        "port": target.port,
+        "username": target.username,
+        "password": target.password,
+        "secure": target.scheme == "https",
+        "connect_timeout": 5,
+        "send_receive_timeout": 60,
+        "settings": settings or None,
+    }
+    try:
+        if create_database:
+            bootstrap = clickhouse_connect.get_client(**common)
+            bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {target.database}")
+            bootstrap.close()
+        return clickhouse_connect.get_client(database=target.database, **common)
+    except OperationalError as exc:
+        raise ClickHouseUnavailable(f"no ClickHouse server answers at {target.url}") from exc
+
+
+def applied_migrations(client: Client) -> set[tuple[str, int]]:
+    client.command(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (owner LowCardinality(String), version UInt32, "
+        "name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = MergeTree "
+        "ORDER BY (owner, version)"
+    )
+    rows = client.query("SELECT owner, version FROM schema_migrations").result_rows
+    return {(str(owner), int(version)) for owner, version in rows}
+
+
+def migrate(client: Client, owners: Sequence[SchemaOwner]) -> list[str]:
+    """Apply each owner's migrations not applied yet, in order; returns ``owner/version`` applied.
+
+    Every statement is idempotent (IF NOT EXISTS, MODIFY to a declared type), so a step
+    interrupted half-way is simply run again.
+    """
+    done = applied_migrations(client)
+    applied = []
+    for schema in owners:
+        for migration in schema.migrations:
+            if (schema.owner, migration.version) in done:
+                continue
+            for statement in migration.statements:
+                client.command(statement)
+            client.insert("schema_migrations", [[schema.owner, migration.version, migration.name]],
+                          column_names=["owner", "version", "name"])
+            applied.append(f"{schema.owner}/{migration.version}")
+    return applied
+
+
+def scalar(client: Client, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+    rows = client.query(sql, parameters=parameters).result_rows
+    return rows[0][0] if rows else None
+
+
+def to_decimal(value: Any) -> Decimal:
+    return value if isinstance(value, Decimal) else Decimal(str(value))

@@ -1,0 +1,117 @@
+"""The pipeline's tables: rated usage, dead letters and the hourly rollup, declared once.
+
+The rating worker writes them; pricing, reconciliation and dashboards read them. They live
+in infra because both a component (streams) and the domain (pricing) use them.
+
+Idempotency by event_id is layered:
+1. the sink removes event_ids that are already stored (anti-join) and duplicates inside a
+   batch before it inserts, so rated_usage and its hourly rollup never count a sample twice
+   in normal operation, retries included;
+2. rated_usage is a ReplacingMergeTree ordered by (tenant, event_id), and invoice queries
+   read it with FINAL: even a duplicate that slipped past (1), e.g. two sink instances racing
+   during a rebalance, is billed once.
+"""
+
+from __future__ import annotations
+
+from gpumeter.infra.tables import Column, Migration, SchemaOwner, Table
+
+RATED_USAGE = Table(
+    name="rated_usage",
+    columns=(
+        Column("event_id", "String"),
+        Column("tenant", "LowCardinality(String)"),
+        Column("period", "LowCardinality(String)"),
+        Column("kind", "LowCardinality(String)"),
+        Column("cluster", "LowCardinality(String)"),
+        Column("node", "LowCardinality(String)"),
+        Column("namespace", "LowCardinality(String)"),
+        Column("pod", "String"),
+        Column("pod_uid", "String"),
+        Column("window_start", "DateTime64(6, 'UTC')"),
+        Column("window_end", "DateTime64(6, 'UTC')"),
+        Column("quantity", "Decimal(38, 12)"),
+        # 21 places: a 12-place quantity times a nanosecond (RFC3339Nano) window stays exact.
+        Column("unit_seconds", "Decimal(38, 21)"),
+        Column("gpu_model", "LowCardinality(Nullable(String))"),
+        Column("mig_profile", "LowCardinality(Nullable(String))"),
+        Column("capacity_type", "LowCardinality(String)"),
+        Column("priority", "Int32"),
+        Column("rate_card", "LowCardinality(String)"),
+        Column("currency", "LowCardinality(String)"),
+        Column("unit_price", "Decimal(38, 12)"),
+        Column("capacity_multiplier", "Decimal(38, 12)"),
+        Column("list_cost", "Decimal(38, 18)"),
+        Column("utilization", "Nullable(Decimal(18, 6))"),
+        Column("energy_joules", "Nullable(Decimal(38, 6))"),
+        Column("labels", "Map(String, String)"),
+        Column("source_partition", "Int32"),
+        Column("source_offset", "Int64"),
+        Column("inserted_at", "DateTime64(3, 'UTC')", default="now64(3)"),
+    ),
+    engine="ReplacingMergeTree",
+    partition_by="period",
+    order_by="(tenant, event_id)",
+)
+
+DEAD_LETTERS = Table(
+    name="dead_letters",
+    columns=(
+        Column("reason_code", "LowCardinality(String)"),
+        Column("reason", "String"),
+        Column("raw", "String"),
+        Column("source_topic", "LowCardinality(String)"),
+        Column("source_partition", "Int32"),
+        Column("source_offset", "Int64"),
+        Column("source_index", "UInt32"),
+        Column("event_id", "Nullable(String)"),
+        Column("tenant", "Nullable(String)"),
+        Column("rejected_at", "DateTime64(3, 'UTC')"),
+    ),
+    engine="ReplacingMergeTree",
+    order_by="(source_topic, source_partition, source_offset, source_index)",
+)
+
+USAGE_HOURLY = Table(
+    name="usage_hourly",
+    columns=(
+        Column("period", "LowCardinality(String)"),
+        Column("hour", "DateTime('UTC')"),
+        Column("tenant", "LowCardinality(String)"),
+        Column("rate_card", "LowCardinality(String)"),
+        Column("kind", "LowCardinality(String)"),
+        Column("gpu_model", "LowCardinality(String)"),
+        Column("mig_profile", "LowCardinality(String)"),
+        Column("capacity_type", "LowCardinality(String)"),
+        Column("unit_seconds", "Decimal(38, 21)"),
+        Column("list_cost", "Decimal(38, 18)"),
+        Column("samples", "UInt64"),
+    ),
+    engine="SummingMergeTree",
+    partition_by="period",
+    order_by="(tenant, hour, rate_card, kind, gpu_model, mig_profile, capacity_type)",
+)
+
+USAGE_HOURLY_MV = """
+CREATE MATERIALIZED VIEW IF NOT EXISTS usage_hourly_mv TO usage_hourly AS
+SELECT period, toStartOfHour(window_start) AS hour, tenant, rate_card, kind,
+       ifNull(gpu_model, '') AS gpu_model, ifNull(mig_profile, '') AS mig_profile,
+       capacity_type, sum(unit_seconds) AS unit_seconds, sum(list_cost) AS list_cost,
+       count() AS samples
+FROM rated_usage
+GROUP BY period, hour, tenant, rate_card, kind, gpu_model, mig_profile, capacity_type
+"""
+
+PIPELINE = SchemaOwner(
+    owner="pipeline",
+    migrations=(
+        Migration(1, "rated usage, dead letters, hourly rollup", (
+            RATED_USAGE.create_sql(), DEAD_LETTERS.create_sql(), USAGE_HOURLY.create_sql(), USAGE_HOURLY_MV,
+        )),
+        # A no-op where migration 1 created the current declaration; widens older tables.
+        Migration(2, "unit_seconds at 21 places: RFC3339Nano windows x 12-place quantities stay exact", (
+            "ALTER TABLE rated_usage MODIFY COLUMN unit_seconds Decimal(38, 21)",
+            "ALTER TABLE usage_hourly MODIFY COLUMN unit_seconds Decimal(38, 21)",
+        )),
+    ),
+)
