@@ -1,0 +1,493 @@
+"""Topology-aware GPU placement scoring (contract 8): a pure rule module.
+
+Inputs are the agent's ``NodeTopology`` (per GPU pair the ``nvidia-smi topo -m`` class) and
+``NodeAllocation`` (which indices the kubelet has assigned) records; outputs are the free set
+the device plugin would pick for a k-GPU pod and a 0..10 extender score.
+
+Link classes rank: every pair on NVLink best (``NV<n>``, more links better), then ``PIX``,
+``PXB``, ``PHB``, ``NODE``, ``SYS``. A set of GPUs is as good as its worst pair.
+
+Score (0..10, kube-scheduler's MaxExtenderPriority):
+
+- k <= 0 (no GPU): 0 on every node, no preference.
+- k == 1: packing only, best fit: ``round(10 * 1 / free)`` (1 free -> 10, 2 -> 5, 8 -> 1).
+- k >= 2: the link class of the best free k-set picks a band, packing (``k / free``, best
+  fit: take from the node the pod fills, keeping large free sets elsewhere intact) moves
+  within the band. Bands never overlap, so the link class always dominates:
+  all NVLink 6..10 (inside: half NVLink count ``min(n, 18) / 18``, half packing), PIX 4..5,
+  PXB 3, PHB 2, NODE 1, SYS 0.
+- A node without link information (no topology record, or a record with no pair classes)
+  gets the neutral band 4..6 from its free count alone; with no free count either, 5.
+
+``PlacementIndex`` keeps one entry per node with its free count and its scores per k,
+computed lazily and shared between nodes with the same layout and allocation, so answering
+a request is a dict lookup per node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpumeter.core.models import NodeAllocation, NodeTopology
+
+MAX_SCORE = 10
+NEUTRAL_SCORE = 5
+# Up to this many k-subsets of the free GPUs the search is exhaustive; beyond (only boards with
+# more than 8 GPUs and a mixed layout) it grows sets greedily: bounded cost, same class on real layouts.
+EXACT_LIMIT = 512
+NVLINK_CAP = 18  # NV18 (H100 SXM) counts as full NVLink strength
+
+_TIER_SYS, _TIER_NODE, _TIER_PHB, _TIER_PXB, _TIER_PIX, _TIER_NV, _TIER_SELF = range(7)
+_TIER_NAMES = {"SYS": _TIER_SYS, "NODE": _TIER_NODE, "PHB": _TIER_PHB, "PXB": _TIER_PXB, "PIX": _TIER_PIX}
+# Older nvidia-smi releases printed SOC for SYS and PSB for PXB.
+_ALIASES = {"SOC": "SYS", "PSB": "PXB"}
+# Score band (low, high) per tier for k >= 2.
+_BANDS = {
+    _TIER_NV: (6, 10),
+    _TIER_PIX: (4, 5),
+    _TIER_PXB: (3, 3),
+    _TIER_PHB: (2, 2),
+    _TIER_NODE: (1, 1),
+    _TIER_SYS: (0, 0),
+}
+_NEUTRAL_BAND = (4, 6)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LinkClass:
+    """One ``nvidia-smi topo -m`` class; ordering is quality (greater is better)."""
+
+    tier: int
+    nvlinks: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> LinkClass:
+        """``NV12``, ``PIX``, ``PXB``, ``PHB``, ``NODE``, ``SYS`` (``X`` is a GPU itself)."""
+        label = text.strip().upper()
+        label = _ALIASES.get(label, label)
+        if label == "X":
+            return SELF
+        if label in _TIER_NAMES:
+            return cls(_TIER_NAMES[label])
+        if label.startswith("NV") and label[2:].isdigit() and int(label[2:]) > 0:
+            return cls(_TIER_NV, int(label[2:]))
+        raise ValueError(f"unknown GPU link class {text!r}")
+
+    @property
+    def is_nvlink(self) -> bool:
+        return self.tier == _TIER_NV
+
+    @property
+    def label(self) -> str:
+        if self.tier == _TIER_NV:
+            return f"NV{self.nvlinks}"
+        if self.tier == _TIER_SELF:
+            return "X"
+        return next(name for name, tier in _TIER_NAMES.items() if tier == self.tier)
+
+    @property
+    def weight(self) -> int:
+        """Additive pair weight for tie-breaks between sets of the same worst class."""
+        return 10 + self.nvlinks if self.tier == _TIER_NV else self.tier + 1
+
+    def __str__(self) -> str:
+        return self.label
+
+
+SYS = LinkClass(_TIER_SYS)
+NODE = LinkClass(_TIER_NODE)
+PHB = LinkClass(_TIER_PHB)
+PXB = LinkClass(_TIER_PXB)
+PIX = LinkClass(_TIER_PIX)
+SELF = LinkClass(_TIER_SELF)  # a set of fewer than two GPUs has no pair to be slowed by
+
+
+def nvlink(count: int) -> LinkClass:
+    return LinkClass(_TIER_NV, count)
+
+
+def parse_pair(key: str) -> tuple[int, int] | None:
+    """``"0-1"`` -> (0, 1), smaller index first; None for a malformed or self pair."""
+    left, sep, right = key.partition("-")
+    if not sep:
+        return None
+    try:
+        a, b = int(left.strip()), int(right.strip())
+    except ValueError:
+        return None
+    if a == b or a < 0 or b < 0:
+        return None
+    return (a, b) if a < b else (b, a)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGpus:
+    """One node's GPUs, their pairwise link classes and which are allocated.
+
+    A pair missing from ``links`` (while others are present) counts as SYS: nothing shows it
+    is better. ``free`` is derived: indices not allocated, ascending.
+    """
+
+    node: str
+    indices: tuple[int, ...]
+    links: Mapping[tuple[int, int], LinkClass] = field(hash=False)
+    allocated: frozenset[int] = frozenset()
+    free: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        free = tuple(i for i in sorted(set(self.indices)) if i not in self.allocated)
+        object.__setattr__(self, "free", free)
+
+    @classmethod
+    def from_records(cls, topology: NodeTopology, allocation: NodeAllocation | None = None) -> NodeGpus:
+        """Build from the two contract-8 records. Unknown class strings count as SYS."""
+        if allocation is not None and allocation.node != topology.node:
+            raise ValueError(f"allocation of node {allocation.node!r} given for node {topology.node!r}")
+        indices = tuple(sorted({gpu.index for gpu in topology.gpus}))
+        return cls(
+            node=topology.node,
+            indices=indices,
+            links=parse_links(topology.links, indices),
+            allocated=allocated_indices(allocation) & frozenset(indices),
+        )
+
+    @property
+    def has_links(self) -> bool:
+        """Link information is known: some pair class is recorded, or there is no pair at all."""
+        return bool(self.links) or len(self.indices) < 2
+
+    def link(self, a: int, b: int) -> LinkClass:
+        if a == b:
+            return SELF
+        return self.links.get((a, b) if a < b else (b, a), SYS)
+
+    def with_allocated(self, allocated: Iterable[int]) -> NodeGpus:
+        return NodeGpus(self.node, self.indices, self.links, frozenset(allocated) & frozenset(self.indices))
+
+
+def parse_links(links: Mapping[str, str], indices: Sequence[int] = ()) -> dict[tuple[int, int], LinkClass]:
+    """NodeTopology.links (``{"0-1": "NV18"}``) keyed by index pair; pairs of unknown GPUs dropped."""
+    known = set(indices)
+    parsed: dict[tuple[int, int], LinkClass] = {}
+    for key, text in links.items():
+        pair = parse_pair(key)
+        if pair is None or (known and not (pair[0] in known and pair[1] in known)):
+            continue
+        try:
+            parsed[pair] = LinkClass.parse(text)
+        except ValueError:
+            parsed[pair] = SYS
+    return parsed
+
+
+def allocated_indices(allocation: NodeAllocation | None) -> frozenset[int]:
+    if allocation is None:
+        return frozenset()
+    return frozenset(i for assignment in allocation.assignments for i in assignment.gpu_indices)
+
+
+def set_class(node: NodeGpus, gpus: Iterable[int]) -> LinkClass:
+    """The worst pair class of a set (SELF for fewer than two GPUs)."""
+    members = sorted(gpus)
+    return min((node.link(a, b) for a, b in itertools.combinations(members, 2)), default=SELF)
+
+
+def best_set(node: NodeGpus, k: int) -> tuple[frozenset[int], LinkClass] | None:
+    """The best-connected free set of k GPUs and its class; None when fewer than k are free.
+
+    Order: best worst-pair class; then the most total link weight inside the set (more NVLinks);
+    then the best-connected remainder (take the GPUs whose partners are already gone, keep
+    well-connected free groups intact); then the lowest indices.
+    """
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    free = node.free
+    if len(free) < k:
+        return None
+    if k == 0:
+        return frozenset(), SELF
+    weight = {(a, b): node.link(a, b).weight for a, b in itertools.combinations(free, 2)}
+    incident = dict.fromkeys(free, 0)
+    for (a, b), w in weight.items():
+        incident[a] += w
+        incident[b] += w
+    if k == 1:
+        # The remainder keeps the most link weight when the taken GPU has the least.
+        chosen = min(free, key=lambda g: (incident[g], g))
+        return frozenset((chosen,)), SELF
+    classes = sorted({node.link(a, b) for a, b in weight}, reverse=True)
+    if len(classes) == 1:
+        return frozenset(free[:k]), classes[0]
+    search = _best_clique if math.comb(len(free), k) <= EXACT_LIMIT else _greedy_clique
+    for threshold in classes:
+        found = search(node, free, k, threshold, weight, incident)
+        if found is not None:
+            return found, threshold
+    raise AssertionError("the worst class always admits a set")  # pragma: no cover
+
+
+def _admissible(node: NodeGpus, free: tuple[int, ...], threshold: LinkClass) -> dict[int, set[int]]:
+    return {g: {h for h in free if h != g and node.link(g, h) >= threshold} for g in free}
+
+
+def _set_key(chosen: Sequence[int], inside: int, incident: Mapping[int, int]) -> tuple[int, int]:
+    # Remainder weight = inside(R) = total - sum(incident(S)) + inside(S); total is constant.
+    return inside, inside - sum(incident[g] for g in chosen)
+
+
+def _best_clique(
+    node: NodeGpus,
+    free: tuple[int, ...],
+    k: int,
+    threshold: LinkClass,
+    weight: Mapping[tuple[int, int], int],
+    incident: Mapping[int, int],
+) -> frozenset[int] | None:
+    """Best k-set whose every pair is at least ``threshold``: exhaustive backtracking."""
+    neighbours = _admissible(node, free, threshold)
+    best: tuple[int, int] | None = None
+    best_members: tuple[int, ...] | None = None
+
+    def extend(chosen: list[int], candidates: list[int], inside: int) -> None:
+        nonlocal best, best_members
+        if len(chosen) == k:
+            key = _set_key(chosen, inside, incident)
+            if best is None or key > best:
+                best, best_members = key, tuple(chosen)
+            return
+        need = k - len(chosen)
+        for position, g in enumerate(candidates):
+            if len(candidates) - position < need:
+                break
+            rest = [h for h in candidates[position + 1 :] if h in neighbours[g]]
+            if len(rest) + 1 < need:
+                continue
+            added = sum(weight[(c, g)] for c in chosen)  # chosen < g: candidates ascend
+            chosen.append(g)
+            extend(chosen, rest, inside + added)
+            chosen.pop()
+
+    extend([], list(free), 0)
+    return frozenset(best_members) if best_members is not None else None
+
+
+def _greedy_clique(
+    node: NodeGpus,
+    free: tuple[int, ...],
+    k: int,
+    threshold: LinkClass,
+    weight: Mapping[tuple[int, int], int],
+    incident: Mapping[int, int],
+) -> frozenset[int] | None:
+    """Large boards: grow a set from every seed, adding the best-linked admissible GPU.
+
+    Exact for the layouts hardware has (each class threshold splits the GPUs into groups that
+    are complete inside: NVSwitch domains, PCIe switches, sockets); an approximation otherwise.
+    """
+    neighbours = _admissible(node, free, threshold)
+    best: tuple[int, int] | None = None
+    best_members: tuple[int, ...] | None = None
+    for seed in free:
+        chosen, inside, candidates = [seed], 0, set(neighbours[seed])
+        while len(chosen) < k and len(candidates) >= k - len(chosen):
+            gains = {g: sum(weight[(min(g, c), max(g, c))] for c in chosen) for g in candidates}
+            g = max(candidates, key=lambda h: (gains[h], -incident[h], -h))
+            chosen.append(g)
+            inside += gains[g]
+            candidates &= neighbours[g]
+        if len(chosen) == k:
+            key = _set_key(chosen, inside, incident)
+            if best is None or key > best:
+                best, best_members = key, tuple(chosen)
+    return frozenset(best_members) if best_members is not None else None
+
+
+def _scale(fraction: float, band: tuple[int, int]) -> int:
+    low, high = band
+    return low + int(fraction * (high - low) + 0.5)
+
+
+def packing_score(free: int, k: int) -> int | None:
+    """Score from the free count alone, for a node with no link information."""
+    if k <= 0:
+        return 0
+    if free < k:
+        return None
+    if k == 1:
+        return _scale(1 / free, (0, MAX_SCORE))
+    return _scale(k / free, _NEUTRAL_BAND)
+
+
+def score(node: NodeGpus, k: int) -> int | None:
+    """0..10 for a k-GPU pod on this node (module docstring); None when fewer than k are free."""
+    free = len(node.free)
+    if k <= 0:
+        return 0
+    if free < k:
+        return None
+    if k == 1 or not node.has_links:
+        return packing_score(free, k)
+    found = best_set(node, k)
+    assert found is not None
+    link = found[1]
+    packing = k / free
+    if link.tier == _TIER_NV:
+        strength = min(link.nvlinks, NVLINK_CAP) / NVLINK_CAP
+        return _scale((strength + packing) / 2, _BANDS[_TIER_NV])
+    return _scale(packing, _BANDS[link.tier])
+
+
+class _ScoreTable(dict[int, "int | None"]):
+    """Scores per k for one (layout, allocation); shared by nodes that are alike (weakly held)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_MISSING = object()
+
+
+class NodeEntry:
+    """What the extender knows about one node: free GPUs and its lazily computed scores."""
+
+    __slots__ = ("_table", "free", "gpus", "node")
+
+    def __init__(self, node: str, gpus: NodeGpus | None, free: int | None, table: _ScoreTable) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.free = free  # None: unknown (no topology and no GPU count)
+        self._table = table
+
+    def score(self, k: int) -> int | None:
+        """0..10; None when the node is known to have fewer than k free GPUs."""
+        cached = self._table.get(k, _MISSING)
+        if cached is _MISSING:
+            cached = self._compute(k)
+            self._table[k] = cached
+        return cached  # type: ignore[return-value]
+
+    def _compute(self, k: int) -> int | None:
+        if self.gpus is not None:
+            return score(self.gpus, k)
+        if k <= 0:
+            return 0
+        if self.free is None:
+            return NEUTRAL_SCORE
+        return packing_score(self.free, k)
+
+
+class PlacementIndex:
+    """Per-node placement answers kept current from topology and allocation records.
+
+    Not locked: entries are replaced whole, and a score cache filled twice by racing readers
+    gets the same value. An unchanged allocation (the agent republishes every window) keeps
+    the node's cached scores.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, NodeEntry] = {}
+        self._topologies: dict[str, tuple[tuple[int, ...], dict[tuple[int, int], LinkClass]]] = {}
+        self._allocated: dict[str, frozenset[int]] = {}
+        self._capacity: dict[str, int] = {}
+        self._tables: weakref.WeakValueDictionary[tuple[object, ...], _ScoreTable] = (
+            weakref.WeakValueDictionary()
+        )
+
+    # -- updates ---------------------------------------------------------------------------
+    def update_topology(self, topology: NodeTopology) -> None:
+        indices = tuple(sorted({gpu.index for gpu in topology.gpus}))
+        layout = (indices, parse_links(topology.links, indices))
+        if self._topologies.get(topology.node) == layout:
+            return
+        self._topologies[topology.node] = layout
+        self._rebuild(topology.node)
+
+    def update_allocation(self, allocation: NodeAllocation) -> None:
+        allocated = allocated_indices(allocation)
+        if self._allocated.get(allocation.node) == allocated:
+            return
+        self._allocated[allocation.node] = allocated
+        self._rebuild(allocation.node)
+
+    def set_capacity(self, node: str, gpus: int | None) -> None:
+        """GPU count of a node from elsewhere (its Node object); used only without a topology."""
+        if gpus is None:
+            self._capacity.pop(node, None)
+        elif self._capacity.get(node) == gpus:
+            return
+        else:
+            self._capacity[node] = gpus
+        self._rebuild(node)
+
+    def remove(self, node: str) -> None:
+        self._entries.pop(node, None)
+        self._topologies.pop(node, None)
+        self._allocated.pop(node, None)
+        self._capacity.pop(node, None)
+
+    # -- reads -----------------------------------------------------------------------------
+    @property
+    def entries(self) -> Mapping[str, NodeEntry]:
+        return self._entries
+
+    def entry(self, node: str) -> NodeEntry | None:
+        return self._entries.get(node)
+
+    def free(self, node: str) -> int | None:
+        found = self._entries.get(node)
+        return None if found is None else found.free
+
+    def score(self, node: str, k: int) -> int | None:
+        """Like NodeEntry.score; a node the index has never heard of scores neutral."""
+        found = self._entries.get(node)
+        if found is None:
+            return 0 if k <= 0 else NEUTRAL_SCORE
+        return found.score(k)
+
+    def scores(self, nodes: Iterable[str], k: int) -> list[int | None]:
+        """``score`` for many nodes at once: the request path, one dict lookup per node when warm."""
+        entries = self._entries
+        unknown = 0 if k <= 0 else NEUTRAL_SCORE
+        answers: list[int | None] = []
+        append = answers.append
+        for node in nodes:
+            found = entries.get(node)
+            if found is None:
+                append(unknown)
+                continue
+            cached = found._table.get(k, _MISSING)
+            append(found.score(k) if cached is _MISSING else cached)  # type: ignore[arg-type]
+        return answers
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- internals -------------------------------------------------------------------------
+    def _rebuild(self, node: str) -> None:
+        allocated = self._allocated.get(node, frozenset())
+        layout = self._topologies.get(node)
+        if layout is not None:
+            indices, links = layout
+            gpus = NodeGpus(node, indices, links, allocated & frozenset(indices))
+            key: tuple[object, ...] = ("topology", indices, tuple(sorted(links.items())), gpus.allocated)
+            self._entries[node] = NodeEntry(node, gpus, len(gpus.free), self._table(key))
+            return
+        capacity = self._capacity.get(node)
+        free = None if capacity is None else max(0, capacity - len(allocated))
+        if capacity is None and node not in self._allocated:
+            self._entries.pop(node, None)
+            return
+        self._entries[node] = NodeEntry(node, None, free, self._table(("count", free)))
+
+    def _table(self, key: tuple[object, ...]) -> _ScoreTable:
+        table = self._tables.get(key)
+        if table is None:
+            table = _ScoreTable()
+            self._tables[key] = table
+        return table

@@ -1,0 +1,259 @@
+"""The one placement and quota policy behind both extender wires (contract 6): pure.
+
+A ``ClusterView`` is a snapshot of what the hooks know (blocked tenants, max_gpus limits and
+GPUs held, node placement, namespace tenants, known pods); ``Policy`` answers the
+kube-scheduler verbs (filter, prioritize, preempt) and Volcano's on top of the same rules.
+
+Decisions where the contracts are silent:
+
+- A node the placement index has no record of (no topology, allocation or GPU count yet)
+  passes the filter and scores neutral: kube-scheduler's own resource fit already checks
+  ``nvidia.com/gpu`` capacity, and failing it would make a node unusable until its agent
+  reports.
+- Refusal by quota comes before node fit: a refused pod gets every node unresolvable and no
+  preemption; the max_gpus check refuses when ``held + requested > limit`` (reaching the
+  limit exactly is allowed).
+- Preemption (kube): a node whose victims include a protected pod is dropped whole, because
+  the scheduler's victim set is already minimal (after reprieve), so evicting the others
+  alone would not make room. Among the remaining nodes, when some need only preferred
+  victims (spot pods, pods of tenants over quota), only those nodes are offered.
+- Volcano preemptable/reclaimable: protected evictees are removed one by one (Volcano checks
+  itself that the victims it keeps make room); the rest are ordered preferred first, then
+  lowest priority, then most recently started (contract 4's order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from scheduler_hooks.placement import PlacementIndex
+
+GPU_RESOURCE = "nvidia.com/gpu"
+TENANT_LABEL = "gpumeter.io/tenant"
+PROTECTED_ANNOTATION = "gpumeter.io/protected"
+QUEUE_PREFIX = "gpumeter-"
+
+# Volcano predicate codes (pkg/scheduler/api status codes) and vote values (plugins/util).
+CODE_SUCCESS = 0
+CODE_UNSCHEDULABLE = 2
+CODE_UNSCHEDULABLE_AND_UNRESOLVABLE = 3
+PERMIT, ABSTAIN, REJECT = 1, 0, -1
+
+
+def is_protected(annotations: Mapping[str, str]) -> bool:
+    return annotations.get(PROTECTED_ANNOTATION, "").strip().lower() == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What the policy needs from a pod being scheduled (or offered as a victim)."""
+
+    namespace: str
+    name: str
+    uid: str
+    gpus: int = 0
+    priority: int = 0
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def protected(self) -> bool:
+        return is_protected(self.annotations)
+
+
+@dataclass(frozen=True, slots=True)
+class KnownPod:
+    """A running pod the hooks watch, keyed by UID in the view."""
+
+    uid: str
+    tenant: str
+    gpus: Decimal = Decimal(0)
+    capacity_type: str = "on-demand"
+    priority: int = 0
+    protected: bool = False
+    started_at: datetime | None = None
+
+    @property
+    def spot(self) -> bool:
+        return self.capacity_type == "spot"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Snapshot of quota state, placement and pods; values in, never mutated by the policy."""
+
+    placement: PlacementIndex = field(default_factory=PlacementIndex)
+    blocked: Mapping[str, str] = field(default_factory=dict)  # tenant -> metric it is blocked on
+    max_gpus: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> limit
+    gpus_held: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> GPUs held now
+    namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # from the namespace label
+    pods: Mapping[str, KnownPod] = field(default_factory=dict)  # uid -> pod
+
+    def tenant_of(self, namespace: str) -> str:
+        """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
+        return self.namespace_tenants.get(namespace, namespace)
+
+    def over_quota(self, tenant: str) -> bool:
+        """Blocked on any metric, or holding more GPUs than its max_gpus."""
+        if tenant in self.blocked:
+            return True
+        limit = self.max_gpus.get(tenant)
+        return limit is not None and self.gpus_held.get(tenant, Decimal(0)) > limit
+
+
+def quota_message(tenant: str, metric: str, detail: str = "") -> str:
+    """Contract 6: starts exactly ``gpumeter: tenant <tenant> over <metric> quota``."""
+    base = f"gpumeter: tenant {tenant} over {metric} quota"
+    return f"{base}: {detail}" if detail else base
+
+
+def capacity_message(free: int, needed: int) -> str:
+    return f"gpumeter: node has {free} free GPUs, pod needs {needed}"
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A candidate victim: its UID, plus the pod as the wire showed it, when it did."""
+
+    uid: str
+    pod: PodRequest | None = None
+
+
+@dataclass(frozen=True)
+class Policy:
+    view: ClusterView
+
+    # -- quota -----------------------------------------------------------------------------
+    def refusal(self, pod: PodRequest) -> str | None:
+        """The quota message refusing this pod everywhere, or None."""
+        if pod.gpus <= 0:
+            return None
+        tenant = self.view.tenant_of(pod.namespace)
+        metric = self.view.blocked.get(tenant)
+        if metric is not None:
+            return quota_message(tenant, metric)
+        limit = self.view.max_gpus.get(tenant)
+        if limit is not None:
+            held = self.view.gpus_held.get(tenant, Decimal(0))
+            if held + pod.gpus > limit:
+                detail = f"holds {held} GPUs, pod needs {pod.gpus}, limit {limit}"
+                return quota_message(tenant, "max_gpus", detail)
+        return None
+
+    # -- kube-scheduler verbs --------------------------------------------------------------
+    def filter(self, pod: PodRequest, node_names: Iterable[str]) -> FilterResult:
+        names = list(dict.fromkeys(node_names))
+        refused = self.refusal(pod)
+        if refused is not None:
+            return FilterResult([], {}, dict.fromkeys(names, refused))
+        if pod.gpus <= 0:
+            return FilterResult(names, {}, {})
+        entries = self.view.placement.entries
+        need = pod.gpus
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        for name in names:
+            entry = entries.get(name)
+            free = None if entry is None else entry.free
+            if free is not None and free < need:
+                failed[name] = capacity_message(free, need)
+            else:
+                passed.append(name)
+        return FilterResult(passed, failed, {})
+
+    def prioritize(self, pod: PodRequest, node_names: Iterable[str]) -> list[tuple[str, int]]:
+        """0..10 per node, in input order; 0 everywhere for a pod without GPUs or refused."""
+        names = list(dict.fromkeys(node_names))
+        if pod.gpus <= 0 or self.refusal(pod) is not None:
+            return [(name, 0) for name in names]
+        values = self.view.placement.scores(names, pod.gpus)
+        return [(name, 0 if value is None else value) for name, value in zip(names, values, strict=True)]
+
+    def preempt(
+        self,
+        pod: PodRequest,
+        node_to_victims: Mapping[str, Sequence[str]],
+        observed: Mapping[str, PodRequest] | None = None,
+    ) -> dict[str, list[str]]:
+        """Victim UIDs per node the scheduler may use (module docstring for the rules)."""
+        if self.refusal(pod) is not None:
+            return {}
+        seen = observed or {}
+        offered: dict[str, list[str]] = {}
+        cheap: set[str] = set()
+        for node, uids in node_to_victims.items():
+            victims = [Victim(uid, seen.get(uid)) for uid in uids]
+            if not victims or any(self.protected(victim) for victim in victims):
+                continue
+            offered[node] = list(uids)
+            if all(self.preferred(victim) for victim in victims):
+                cheap.add(node)
+        if cheap:
+            return {node: uids for node, uids in offered.items() if node in cheap}
+        return offered
+
+    # -- victims ---------------------------------------------------------------------------
+    def protected(self, victim: Victim) -> bool:
+        known = self.view.pods.get(victim.uid)
+        return (known is not None and known.protected) or (victim.pod is not None and victim.pod.protected)
+
+    def preferred(self, victim: Victim) -> bool:
+        """Spot pods and pods of tenants over quota go first."""
+        known = self.view.pods.get(victim.uid)
+        if known is not None:
+            return known.spot or self.view.over_quota(known.tenant)
+        if victim.pod is not None:
+            return self.view.over_quota(self.view.tenant_of(victim.pod.namespace))
+        return False
+
+    def order_victims(self, victims: Sequence[Victim]) -> list[Victim]:
+        """Unprotected victims: preferred first, then lowest priority, then most recently started."""
+
+        def key(victim: Victim) -> tuple[int, int, float]:
+            known = self.view.pods.get(victim.uid)
+            priority = known.priority if known is not None else victim.pod.priority if victim.pod else 0
+            started = known.started_at if known is not None else None
+            return (0 if self.preferred(victim) else 1, priority, -started.timestamp() if started else 0.0)
+
+        return sorted((v for v in victims if not self.protected(v)), key=key)
+
+    # -- Volcano ---------------------------------------------------------------------------
+    def predicate(self, pod: PodRequest, node: str) -> tuple[int, str]:
+        """(code, message): 3 with the quota message, 2 when too few GPUs are free, (0, "") ok."""
+        result = self.filter(pod, [node])
+        if node in result.unresolvable:
+            return CODE_UNSCHEDULABLE_AND_UNRESOLVABLE, result.unresolvable[node]
+        if node in result.failed:
+            return CODE_UNSCHEDULABLE, result.failed[node]
+        return CODE_SUCCESS, ""
+
+    def node_scores(self, pod: PodRequest, node_names: Iterable[str], scale: int = 10) -> dict[str, int]:
+        """Volcano's nodeScore: the 0..10 score times ``scale`` (0..100, like MaxNodeScore)."""
+        return {name: value * scale for name, value in self.prioritize(pod, node_names)}
+
+    def queue_overused(self, queue_name: str) -> bool:
+        """True for ``gpumeter-<tenant>`` while that tenant is blocked."""
+        if not queue_name.startswith(QUEUE_PREFIX):
+            return False
+        return queue_name[len(QUEUE_PREFIX) :] in self.view.blocked
+
+    def job_enqueueable(self, namespace: str, gpus: int) -> int:
+        """-1 (reject) for a GPU job of a blocked tenant, else 0 (abstain)."""
+        if gpus > 0 and self.view.tenant_of(namespace) in self.view.blocked:
+            return REJECT
+        return ABSTAIN
+
+    def volcano_victims(self, evictor: PodRequest, evictees: Sequence[Victim]) -> list[Victim]:
+        if self.refusal(evictor) is not None:
+            return []
+        return self.order_victims(evictees)
+

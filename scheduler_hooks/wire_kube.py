@@ -1,0 +1,341 @@
+"""kube-scheduler HTTP extender JSON (k8s.io/kube-scheduler/extender/v1), decoded values in and out.
+
+The Go types have no json tags, so the wire keys are the Go field names; Go's decoder matches
+keys case-insensitively, so input keys are accepted in any case, and output always uses the
+Go names with ``null`` where a field is unset (no omitempty upstream). Shapes verified against
+``staging/src/k8s.io/kube-scheduler/extender/v1/types.go``:
+
+- ExtenderArgs {Pod *v1.Pod, Nodes *v1.NodeList, NodeNames *[]string}
+- ExtenderFilterResult {Nodes, NodeNames, FailedNodes, FailedAndUnresolvableNodes, Error}
+- HostPriorityList [{Host, Score}] (Score 0..MaxExtenderPriority = 10)
+- ExtenderPreemptionArgs {Pod, NodeNameToVictims map[string]*Victims{Pods []*v1.Pod,
+  NumPDBViolations}, NodeNameToMetaVictims map[string]*MetaVictims{Pods []*MetaPod{UID},
+  NumPDBViolations}}; ExtenderPreemptionResult {NodeNameToMetaVictims}
+
+Both ``nodeCacheCapable`` modes: with ``NodeNames`` the answer carries ``NodeNames`` (``Nodes``
+null); with the full ``Nodes`` list it carries ``Nodes`` with the passing items (``NodeNames``
+null). Malformed shapes raise ``WireError``; the HTTP layer answers 400 with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from scheduler_hooks.policy import GPU_RESOURCE, FilterResult, PodRequest, Policy
+
+
+class WireError(ValueError):
+    """A request whose JSON shape does not match the upstream types; ``reason`` says where."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# -- generic decoding helpers (shared with wire_volcano) -----------------------------------
+
+
+def get(obj: Mapping[str, Any], name: str) -> Any:
+    """Field ``name`` the way Go's encoding/json finds it: exact key, else case-insensitive."""
+    if name in obj:
+        return obj[name]
+    folded = name.casefold()
+    for key, value in obj.items():
+        if isinstance(key, str) and key.casefold() == folded:
+            return value
+    return None
+
+
+def as_object(value: Any, where: str, *, optional: bool = False) -> dict[str, Any]:
+    if value is None and optional:
+        return {}
+    if not isinstance(value, dict):
+        raise WireError(f"{where} must be a JSON object, got {_kind(value)}")
+    return value
+
+
+def as_list(value: Any, where: str, *, optional: bool = False) -> list[Any]:
+    if value is None and optional:
+        return []
+    if not isinstance(value, list):
+        raise WireError(f"{where} must be a JSON array, got {_kind(value)}")
+    return value
+
+
+def as_str(value: Any, where: str, *, default: str | None = None) -> str:
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise WireError(f"{where} must be a string, got {_kind(value)}")
+    return value
+
+
+def as_int(value: Any, where: str, *, default: int | None = None) -> int:
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise WireError(f"{where} must be an integer, got {_kind(value)}")
+    if isinstance(value, int):
+        return value
+    if not math.isfinite(value) or value != int(value):
+        raise WireError(f"{where} must be an integer, got {value}")
+    return int(value)
+
+
+def as_number(value: Any, where: str, *, default: Decimal | None = None) -> Decimal:
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal):
+        raise WireError(f"{where} must be a number, got {_kind(value)}")
+    number = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
+    if not number.is_finite():
+        raise WireError(f"{where} must be a finite number")
+    return number
+
+
+def string_map(value: Any, where: str) -> dict[str, str]:
+    mapping = as_object(value, where, optional=True)
+    for key, item in mapping.items():
+        if not isinstance(item, str):
+            raise WireError(f"{where}[{key!r}] must be a string, got {_kind(item)}")
+    return mapping
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float | Decimal):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
+# -- v1.Pod -> PodRequest --------------------------------------------------------------------
+
+_QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m|k|M|G|Ki|Mi|Gi)?$")
+_SUFFIX = {
+    None: Decimal(1), "m": Decimal("0.001"), "k": Decimal(1000), "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9, "Ki": Decimal(1024), "Mi": Decimal(1024) ** 2, "Gi": Decimal(1024) ** 3,
+}
+
+
+def gpu_count(value: Any, where: str) -> int:
+    """A ``nvidia.com/gpu`` quantity ("2", 2, "2000m") as whole GPUs (a fraction rounds up)."""
+    if isinstance(value, str):
+        match = _QUANTITY.match(value.strip())
+        if match is None:
+            raise WireError(f"{where} is not a resource quantity: {value!r}")
+        try:
+            amount = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+        except InvalidOperation:
+            raise WireError(f"{where} is not a resource quantity: {value!r}") from None
+    else:
+        amount = as_number(value, where)
+        if amount < 0:
+            raise WireError(f"{where} must not be negative")
+    return math.ceil(amount)
+
+
+def _container_gpus(container: Any, where: str) -> int:
+    spec = as_object(container, where)
+    resources = as_object(get(spec, "resources"), f"{where}.resources", optional=True)
+    for kind in ("limits", "requests"):  # limits win; an extended resource's request defaults to it
+        amounts = as_object(get(resources, kind), f"{where}.resources.{kind}", optional=True)
+        if GPU_RESOURCE in amounts:
+            return gpu_count(amounts[GPU_RESOURCE], f"{where}.resources.{kind}[{GPU_RESOURCE!r}]")
+    return 0
+
+
+def pod_gpus(spec: Mapping[str, Any], where: str = "Pod.spec") -> int:
+    """Effective GPU request as Kubernetes computes pod requests (sidecar-aware)."""
+    containers = as_list(get(spec, "containers"), f"{where}.containers", optional=True)
+    total = sum(_container_gpus(c, f"{where}.containers[{i}]") for i, c in enumerate(containers))
+    sidecars = 0
+    init_peak = 0
+    inits = as_list(get(spec, "initContainers"), f"{where}.initContainers", optional=True)
+    for i, container in enumerate(inits):
+        amount = _container_gpus(container, f"{where}.initContainers[{i}]")
+        if get(container, "restartPolicy") == "Always":  # a sidecar runs beside everything after it
+            total += amount
+            sidecars += amount
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, amount + sidecars)
+    return max(total, init_peak)
+
+
+def pod_request(value: Any, where: str = "Pod") -> PodRequest:
+    """The policy's view of a v1.Pod: namespace, name, uid, GPUs, priority, annotations."""
+    pod = as_object(value, where)
+    meta = as_object(get(pod, "metadata"), f"{where}.metadata", optional=True)
+    spec = as_object(get(pod, "spec"), f"{where}.spec", optional=True)
+    return PodRequest(
+        namespace=as_str(get(meta, "namespace"), f"{where}.metadata.namespace", default="default")
+        or "default",
+        name=as_str(get(meta, "name"), f"{where}.metadata.name", default=""),
+        uid=as_str(get(meta, "uid"), f"{where}.metadata.uid", default=""),
+        gpus=pod_gpus(spec, f"{where}.spec"),
+        priority=as_int(get(spec, "priority"), f"{where}.spec.priority", default=0),
+        annotations=string_map(get(meta, "annotations"), f"{where}.metadata.annotations"),
+    )
+
+
+# -- filter / prioritize ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    pod: PodRequest
+    node_names: list[str]  # every candidate, in order
+    sent_names: list[str] | None  # NodeNames as sent (nodeCacheCapable: true), else None
+    sent_nodes: dict[str, Any] | None  # Nodes (a v1.NodeList) as sent, else None
+    items: list[tuple[str, Any]] = field(default_factory=list)  # (name, v1.Node) of sent_nodes
+
+
+def _node_name(node: Any, where: str) -> str:
+    meta = as_object(get(as_object(node, where), "metadata"), f"{where}.metadata", optional=True)
+    name = as_str(get(meta, "name"), f"{where}.metadata.name")
+    if not name:
+        raise WireError(f"{where}.metadata.name must not be empty")
+    return name
+
+
+def parse_extender_args(document: Any) -> ExtenderArgs:
+    args = as_object(document, "ExtenderArgs")
+    raw_pod = get(args, "Pod")
+    if raw_pod is None:
+        raise WireError("ExtenderArgs.Pod is missing")
+    pod = pod_request(raw_pod)
+    raw_names, raw_nodes = get(args, "NodeNames"), get(args, "Nodes")
+    sent_names: list[str] | None = None
+    if raw_names is not None:
+        sent_names = as_list(raw_names, "NodeNames")
+        if not {type(name) for name in sent_names} <= {str}:
+            for i, name in enumerate(sent_names):
+                as_str(name, f"NodeNames[{i}]")
+    sent_nodes: dict[str, Any] | None = None
+    items: list[tuple[str, Any]] = []
+    if raw_nodes is not None:
+        sent_nodes = as_object(raw_nodes, "Nodes")
+        for i, node in enumerate(as_list(get(sent_nodes, "items"), "Nodes.items", optional=True)):
+            items.append((_node_name(node, f"Nodes.items[{i}]"), node))
+    if sent_names is not None and not items:
+        names = sent_names
+    else:
+        names = list(dict.fromkeys([*(sent_names or []), *(name for name, _ in items)]))
+    return ExtenderArgs(pod, names, sent_names, sent_nodes, items)
+
+
+def filter_result(args: ExtenderArgs, result: FilterResult) -> dict[str, Any]:
+    """ExtenderFilterResult in the mode(s) the request used; ``Error`` empty."""
+    passed = set(result.passed)
+    nodes: dict[str, Any] | None = None
+    if args.sent_nodes is not None:
+        nodes = {k: v for k, v in args.sent_nodes.items() if k.casefold() not in ("metadata", "items")}
+        nodes["metadata"] = get(args.sent_nodes, "metadata") or {}
+        nodes["items"] = [node for name, node in args.items if name in passed]
+    names = None if args.sent_names is None else [n for n in args.sent_names if n in passed]
+    return {
+        "Nodes": nodes,
+        "NodeNames": names,
+        "FailedNodes": dict(result.failed),
+        "FailedAndUnresolvableNodes": dict(result.unresolvable),
+        "Error": "",
+    }
+
+
+def filter_error(message: str) -> dict[str, Any]:
+    """An ExtenderFilterResult carrying only ``Error`` (the scheduler treats it as a failure)."""
+    return {"Nodes": None, "NodeNames": None, "FailedNodes": None, "FailedAndUnresolvableNodes": None,
+            "Error": message}
+
+
+def prioritize_result(scores: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    return [{"Host": name, "Score": score} for name, score in scores]
+
+
+def handle_filter(document: Any, policy: Policy) -> dict[str, Any]:
+    args = parse_extender_args(document)
+    return filter_result(args, policy.filter(args.pod, args.node_names))
+
+
+def handle_prioritize(document: Any, policy: Policy) -> list[dict[str, Any]]:
+    args = parse_extender_args(document)
+    return prioritize_result(policy.prioritize(args.pod, args.node_names))
+
+
+# -- preempt ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreemptionArgs:
+    pod: PodRequest
+    victims: dict[str, list[str]]  # node -> victim UIDs, in the order sent
+    pdb_violations: dict[str, int]
+    observed: dict[str, PodRequest]  # uid -> the victim pod, when sent in full (NodeNameToVictims)
+
+
+def parse_preemption_args(document: Any) -> PreemptionArgs:
+    args = as_object(document, "ExtenderPreemptionArgs")
+    raw_pod = get(args, "Pod")
+    if raw_pod is None:
+        raise WireError("ExtenderPreemptionArgs.Pod is missing")
+    pod = pod_request(raw_pod)
+    victims: dict[str, list[str]] = {}
+    violations: dict[str, int] = {}
+    observed: dict[str, PodRequest] = {}
+    meta = as_object(get(args, "NodeNameToMetaVictims"), "NodeNameToMetaVictims", optional=True)
+    for node, entry in meta.items():
+        where = f"NodeNameToMetaVictims[{node!r}]"
+        body = as_object(entry, where, optional=True)
+        pods = as_list(get(body, "Pods"), f"{where}.Pods", optional=True)
+        victims[node] = [
+            as_str(get(as_object(p, f"{where}.Pods[{i}]"), "UID"), f"{where}.Pods[{i}].UID")
+            for i, p in enumerate(pods)
+        ]
+        violations[node] = as_int(get(body, "NumPDBViolations"), f"{where}.NumPDBViolations", default=0)
+    full = as_object(get(args, "NodeNameToVictims"), "NodeNameToVictims", optional=True)
+    for node, entry in full.items():
+        if node in victims:
+            continue
+        where = f"NodeNameToVictims[{node!r}]"
+        body = as_object(entry, where, optional=True)
+        uids = []
+        for i, raw in enumerate(as_list(get(body, "Pods"), f"{where}.Pods", optional=True)):
+            victim = pod_request(raw, f"{where}.Pods[{i}]")
+            if not victim.uid:
+                raise WireError(f"{where}.Pods[{i}].metadata.uid is missing")
+            observed[victim.uid] = victim
+            uids.append(victim.uid)
+        victims[node] = uids
+        violations[node] = as_int(get(body, "NumPDBViolations"), f"{where}.NumPDBViolations", default=0)
+    return PreemptionArgs(pod, victims, violations, observed)
+
+
+def preemption_result(args: PreemptionArgs, kept: Mapping[str, list[str]]) -> dict[str, Any]:
+    """ExtenderPreemptionResult: always the meta form, whichever form the request used."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {
+                "Pods": [{"UID": uid} for uid in uids],
+                "NumPDBViolations": args.pdb_violations.get(node, 0),
+            }
+            for node, uids in kept.items()
+            if uids
+        }
+    }
+
+
+def handle_preempt(document: Any, policy: Policy) -> dict[str, Any]:
+    args = parse_preemption_args(document)
+    return preemption_result(args, policy.preempt(args.pod, args.victims, args.observed))

@@ -1,0 +1,191 @@
+"""Volcano extender plugin JSON (pkg/scheduler/plugins/extender), decoded values in and out.
+
+Envelopes (``argument.go``, json-tagged): predicate ``{"task","node"}`` -> ``{"status","code"}``;
+prioritize ``{"task","nodes"}`` -> ``{"nodeScore","errorMessage"}``; preemptable and
+reclaimable ``{"evictor","evictees"}`` -> ``{"status","victims"}``; queueOverused
+``{"queue"}`` -> ``{"overused"}``; jobEnqueueable ``{"job"}`` -> ``{"status"}``; jobReady
+``{"job"}`` -> ``{"status"}``. Inside, Volcano's scheduler-cache types have no json tags, so
+their keys are Go field names (pkg/scheduler/api): TaskInfo {UID, Job, Name, Namespace,
+Resreq, InitResreq, NodeName, Status, Priority, Pod (a v1.Pod, lower-case keys), ...};
+Resource {MilliCPU, Memory, ScalarResources {"nvidia.com/gpu": 1000 per GPU}, MaxTaskNum};
+NodeInfo {Name, Node (a v1.Node), Idle, Used, Allocatable, ...}; QueueInfo {UID, Name,
+Weight, Queue, ...}; JobInfo {UID, Name, Namespace, Queue, MinAvailable, Tasks (map by task
+UID), TotalRequest, PodGroup (scheduling.PodGroup flattened: name, namespace, Spec
+{MinMember, Queue, MinResources}), ...}. Keys are read case-insensitively, as Go does.
+
+Plugin behaviour this relies on (extender.go): a predicate with an empty ``status`` passes
+whatever the code; a message with code 0 is turned into code 1 (Error), so a pass sends
+``{"status": "", "code": 0}``. ``nodeScore`` must not be null. Preemptable/reclaimable return
+``status`` 0 to abstain, anything else is a vote with ``victims`` intersected by UID.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from typing import Any
+
+from scheduler_hooks.policy import GPU_RESOURCE, PERMIT, PodRequest, Policy, Victim
+from scheduler_hooks.wire_kube import (
+    WireError,
+    as_int,
+    as_list,
+    as_number,
+    as_object,
+    as_str,
+    get,
+    gpu_count,
+    pod_request,
+)
+
+MILLI_PER_GPU = 1000
+SCORE_SCALE = 10  # 0..10 policy scores become 0..100, the range of Volcano's node-order scores
+
+
+def resource_gpus(value: Any, where: str) -> int | None:
+    """Whole GPUs in a Volcano Resource (milli-units), None when the Resource is null."""
+    if value is None:
+        return None
+    resource = as_object(value, where)
+    scalars = as_object(get(resource, "ScalarResources"), f"{where}.ScalarResources", optional=True)
+    field = f"{where}.ScalarResources[{GPU_RESOURCE!r}]"
+    milli = as_number(scalars.get(GPU_RESOURCE), field, default=Decimal(0))
+    if milli < 0:
+        raise WireError(f"{field} must not be negative")
+    return math.ceil(milli / MILLI_PER_GPU)
+
+
+def task_request(value: Any, where: str = "task") -> PodRequest:
+    """A TaskInfo as the policy's PodRequest; GPUs from Resreq, else InitResreq, else the Pod."""
+    task = as_object(value, where)
+    raw_pod = get(task, "Pod")
+    pod = pod_request(raw_pod, f"{where}.Pod") if raw_pod is not None else None
+    gpus = resource_gpus(get(task, "Resreq"), f"{where}.Resreq")
+    if gpus is None:
+        gpus = resource_gpus(get(task, "InitResreq"), f"{where}.InitResreq")
+    if gpus is None:
+        gpus = pod.gpus if pod is not None else 0
+    namespace = as_str(get(task, "Namespace"), f"{where}.Namespace", default="")
+    name = as_str(get(task, "Name"), f"{where}.Name", default="")
+    uid = as_str(get(task, "UID"), f"{where}.UID", default="")
+    default_priority = pod.priority if pod is not None else 0
+    return PodRequest(
+        namespace=namespace or (pod.namespace if pod is not None else "default"),
+        name=name or (pod.name if pod is not None else ""),
+        uid=uid or (pod.uid if pod is not None else ""),
+        gpus=gpus,
+        priority=as_int(get(task, "Priority"), f"{where}.Priority", default=default_priority),
+        annotations=pod.annotations if pod is not None else {},
+    )
+
+
+def node_name(value: Any, where: str = "node") -> str:
+    node = as_object(value, where)
+    name = as_str(get(node, "Name"), f"{where}.Name", default="")
+    if not name:
+        v1_node = as_object(get(node, "Node"), f"{where}.Node", optional=True)
+        meta = as_object(get(v1_node, "metadata"), f"{where}.Node.metadata", optional=True)
+        name = as_str(get(meta, "name"), f"{where}.Node.metadata.name", default="")
+    if not name:
+        raise WireError(f"{where} has no Name")
+    return name
+
+
+def queue_name(value: Any, where: str = "queue") -> str:
+    queue = as_object(value, where)
+    name = as_str(get(queue, "Name"), f"{where}.Name", default="")
+    if not name:
+        source = as_object(get(queue, "Queue"), f"{where}.Queue", optional=True)
+        name = as_str(get(source, "name"), f"{where}.Queue.name", default="")
+    if not name:
+        raise WireError(f"{where} has no Name")
+    return name
+
+
+def job_request(value: Any, where: str = "job") -> tuple[str, int]:
+    """(namespace, GPUs) of a JobInfo: the largest of its total request, its tasks' requests
+    and its PodGroup's MinResources (tasks may not exist yet when a job asks to enqueue)."""
+    job = as_object(value, where)
+    group = as_object(get(job, "PodGroup"), f"{where}.PodGroup", optional=True)
+    namespace = as_str(get(job, "Namespace"), f"{where}.Namespace", default="")
+    namespace = namespace or as_str(get(group, "namespace"), f"{where}.PodGroup.namespace", default="")
+    total = resource_gpus(get(job, "TotalRequest"), f"{where}.TotalRequest") or 0
+    tasks = as_object(get(job, "Tasks"), f"{where}.Tasks", optional=True)
+    from_tasks = sum(task_request(task, f"{where}.Tasks[{uid!r}]").gpus for uid, task in tasks.items())
+    spec = as_object(get(group, "Spec"), f"{where}.PodGroup.Spec", optional=True)
+    minimum = as_object(get(spec, "MinResources"), f"{where}.PodGroup.Spec.MinResources", optional=True)
+    from_group = (
+        gpu_count(minimum[GPU_RESOURCE], f"{where}.PodGroup.Spec.MinResources[{GPU_RESOURCE!r}]")
+        if GPU_RESOURCE in minimum
+        else 0
+    )
+    return namespace or "default", max(total, from_tasks, from_group)
+
+
+def _envelope(document: Any, verb: str) -> dict[str, Any]:
+    return as_object(document, f"{verb} request")
+
+
+def _required(envelope: dict[str, Any], key: str, verb: str) -> Any:
+    value = get(envelope, key)
+    if value is None:
+        raise WireError(f"{verb} request needs {key!r}")
+    return value
+
+
+def handle_predicate(document: Any, policy: Policy) -> dict[str, Any]:
+    request = _envelope(document, "predicate")
+    task = task_request(_required(request, "task", "predicate"))
+    code, message = policy.predicate(task, node_name(_required(request, "node", "predicate")))
+    return {"status": message, "code": code}
+
+
+def handle_prioritize(document: Any, policy: Policy) -> dict[str, Any]:
+    request = _envelope(document, "prioritize")
+    task = task_request(_required(request, "task", "prioritize"))
+    nodes = as_list(get(request, "nodes"), "nodes", optional=True)
+    names = [node_name(node, f"nodes[{i}]") for i, node in enumerate(nodes)]
+    return {"nodeScore": policy.node_scores(task, names, SCORE_SCALE), "errorMessage": ""}
+
+
+def _evictions(document: Any, policy: Policy, verb: str) -> dict[str, Any]:
+    request = _envelope(document, verb)
+    evictor = task_request(_required(request, "evictor", verb), "evictor")
+    raw = as_list(get(request, "evictees"), "evictees", optional=True)
+    by_uid: dict[str, Any] = {}
+    victims: list[Victim] = []
+    for i, item in enumerate(raw):
+        evictee = task_request(item, f"evictees[{i}]")
+        if not evictee.uid:
+            raise WireError(f"evictees[{i}].UID is missing")
+        by_uid[evictee.uid] = item
+        victims.append(Victim(evictee.uid, evictee))
+    chosen = policy.volcano_victims(evictor, victims)
+    return {"status": PERMIT, "victims": [by_uid[victim.uid] for victim in chosen]}
+
+
+def handle_preemptable(document: Any, policy: Policy) -> dict[str, Any]:
+    return _evictions(document, policy, "preemptable")
+
+
+def handle_reclaimable(document: Any, policy: Policy) -> dict[str, Any]:
+    return _evictions(document, policy, "reclaimable")
+
+
+def handle_queue_overused(document: Any, policy: Policy) -> dict[str, Any]:
+    request = _envelope(document, "queueOverused")
+    return {"overused": policy.queue_overused(queue_name(_required(request, "queue", "queueOverused")))}
+
+
+def handle_job_enqueueable(document: Any, policy: Policy) -> dict[str, Any]:
+    request = _envelope(document, "jobEnqueueable")
+    namespace, gpus = job_request(_required(request, "job", "jobEnqueueable"))
+    return {"status": policy.job_enqueueable(namespace, gpus)}
+
+
+def handle_job_ready(document: Any, policy: Policy) -> dict[str, Any]:
+    """No opinion on gang readiness: always true (quota is enforced by predicate and enqueue)."""
+    request = _envelope(document, "jobReady")
+    job_request(_required(request, "job", "jobReady"))
+    return {"status": True}
+
