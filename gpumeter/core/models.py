@@ -266,6 +266,36 @@ class QuotaEvent(BaseModel):
     at: UtcTimestamp
 
 
+PreemptionAction = Literal["noticed", "evicted", "pdb_refused", "failed", "dry_run", "queue_closed",
+                           "queue_opened"]
+
+
+class PreemptionRecord(BaseModel):
+    """One decision of the quota actuator (contract 4): topic gpumeter.preemptions.v1 and ClickHouse.
+
+    ``record_id`` is deterministic (quota event or reclaim id, pod uid, action), so a replayed
+    quota event republishes the same records and consumers fold them.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    record_id: str
+    tenant: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    node: str = ""
+    gpus: DecimalValue = Decimal(0)
+    capacity_type: str = ""
+    priority: int = 0
+    # What caused it: a quota event id, or "spot-reclaim:<pending pod uid>".
+    cause: str
+    metric: str = ""
+    action: PreemptionAction
+    detail: str = ""
+    at: UtcTimestamp
+
+
 class GpuDevice(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from gpumeter.core.config_files import ConfigError, read_yaml, validation_failure
 from gpumeter.core.topics import topic_name
@@ -68,6 +68,43 @@ class WorkerSettings(BaseModel):
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9465
 
 
+def _empty_is_none(value: Any) -> Any:
+    # settings_env() writes an unset optional as "", and an env var cannot be null otherwise.
+    return None if value == "" else value
+
+
+OptionalPath = Annotated[Path | None, BeforeValidator(_empty_is_none)]
+
+
+class QuotaSettings(BaseModel):
+    """Quota accounting in the worker (contract 4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # A pod that has not reported a gpu window for this long holds no GPUs (max_gpus).
+    stale_seconds: Annotated[int, Field(ge=1, le=86400)] = 120
+    # How often the tenants file is checked for changes, and quotas re-evaluated without new
+    # usage (stale pods, period rollover).
+    reload_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+
+
+class HooksSettings(BaseModel):
+    """`gpumeter hooks`: the scheduler extender HTTP service and the quota actuator (contract 6)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: Annotated[str, Field(pattern=r"^[^\s:]+:\d{1,5}$")] = "127.0.0.1:8790"
+    tls_cert: OptionalPath = None
+    tls_key: OptionalPath = None
+    # With a client CA a client certificate is required (kube-scheduler's extender tlsConfig).
+    client_ca: OptionalPath = None
+    group: str = "gpumeter-hooks"
+    # Record every decision, act on none (no annotation, no eviction, no queue change).
+    dry_run: bool = False
+    # Back-off ceiling for an eviction refused by a PodDisruptionBudget (429), retried.
+    eviction_max_backoff_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -77,6 +114,8 @@ class Settings(BaseModel):
     rate_cards: Path = DEFAULTS_DIR / "ratecards"
     tenants: Path | None = DEFAULTS_DIR / "tenants.yaml"
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    quota: QuotaSettings = Field(default_factory=QuotaSettings)
+    hooks: HooksSettings = Field(default_factory=HooksSettings)
 
 
 def _env_overrides(model: type[BaseModel], env: Mapping[str, str], prefix: str) -> dict[str, Any]:

@@ -102,6 +102,48 @@ FROM rated_usage
 GROUP BY period, hour, tenant, rate_card, kind, gpu_model, mig_profile, capacity_type
 """
 
+QUOTA_EVENTS = Table(
+    name="quota_events",
+    columns=(
+        Column("event_id", "String"),
+        Column("tenant", "LowCardinality(String)"),
+        Column("metric", "LowCardinality(String)"),
+        Column("level", "LowCardinality(String)"),
+        Column("threshold", "Decimal(18, 6)"),
+        Column("used", "Decimal(38, 12)"),
+        Column("limit", "Decimal(38, 12)"),
+        Column("period", "LowCardinality(String)"),
+        Column("at", "DateTime64(6, 'UTC')"),
+        Column("inserted_at", "DateTime64(3, 'UTC')", default="now64(3)"),
+    ),
+    # A replay republishes the same deterministic event_id: folded here.
+    engine="ReplacingMergeTree",
+    order_by="(tenant, event_id)",
+)
+
+PREEMPTIONS = Table(
+    name="preemptions",
+    columns=(
+        Column("record_id", "String"),
+        Column("tenant", "LowCardinality(String)"),
+        Column("namespace", "LowCardinality(String)"),
+        Column("pod", "String"),
+        Column("pod_uid", "String"),
+        Column("node", "LowCardinality(String)"),
+        Column("gpus", "Decimal(38, 12)"),
+        Column("capacity_type", "LowCardinality(String)"),
+        Column("priority", "Int32"),
+        Column("cause", "String"),
+        Column("metric", "LowCardinality(String)"),
+        Column("action", "LowCardinality(String)"),
+        Column("detail", "String"),
+        Column("at", "DateTime64(6, 'UTC')"),
+        Column("inserted_at", "DateTime64(3, 'UTC')", default="now64(3)"),
+    ),
+    engine="ReplacingMergeTree",
+    order_by="(tenant, record_id)",
+)
+
 PIPELINE = SchemaOwner(
     owner="pipeline",
     migrations=(
@@ -112,6 +154,9 @@ PIPELINE = SchemaOwner(
         Migration(2, "unit_seconds at 21 places: RFC3339Nano windows x 12-place quantities stay exact", (
             "ALTER TABLE rated_usage MODIFY COLUMN unit_seconds Decimal(38, 21)",
             "ALTER TABLE usage_hourly MODIFY COLUMN unit_seconds Decimal(38, 21)",
+        )),
+        Migration(3, "quota events and preemption decisions", (
+            QUOTA_EVENTS.create_sql(), PREEMPTIONS.create_sql(),
         )),
     ),
 )
