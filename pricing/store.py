@@ -35,15 +35,25 @@ PRICING = SchemaOwner(
 
 def usage_lines(client: Client, tenant: str, period: str) -> list[UsageLine]:
     """Σ unit-seconds per invoice line for one tenant-month, each event_id once (FINAL)."""
+    return usage_lines_by_tenant(client, period, tenant).get(tenant, [])
+
+
+def usage_lines_by_tenant(
+    client: Client, period: str, tenant: str | None = None
+) -> dict[str, list[UsageLine]]:
+    """Every tenant's invoice lines of a month in one aggregate query (or one tenant's)."""
+    where = "period = %(period)s" + (" AND tenant = %(tenant)s" if tenant is not None else "")
     rows = client.query(
-        "SELECT rate_card, kind, gpu_model, mig_profile, capacity_type, sum(unit_seconds) "
-        "FROM rated_usage FINAL WHERE tenant = %(tenant)s AND period = %(period)s "
-        "GROUP BY rate_card, kind, gpu_model, mig_profile, capacity_type",
+        "SELECT tenant, rate_card, kind, gpu_model, mig_profile, capacity_type, sum(unit_seconds) "
+        f"FROM rated_usage FINAL WHERE {where} "
+        "GROUP BY tenant, rate_card, kind, gpu_model, mig_profile, capacity_type",
         parameters={"tenant": tenant, "period": period},
     ).result_rows
-    return [
-        UsageLine(LineKey(str(r[0]), str(r[1]), r[2], r[3], str(r[4])), to_decimal(r[5])) for r in rows
-    ]
+    lines: dict[str, list[UsageLine]] = {}
+    for r in rows:
+        lines.setdefault(str(r[0]), []).append(
+            UsageLine(LineKey(str(r[1]), str(r[2]), r[3], r[4], str(r[5])), to_decimal(r[6])))
+    return lines
 
 
 def tenants_with_usage(client: Client, period: str) -> list[str]:
@@ -55,12 +65,21 @@ def tenants_with_usage(client: Client, period: str) -> list[str]:
 
 
 def finalized_invoices(client: Client, tenant: str, period: str) -> list[Invoice]:
+    return finalized_by_tenant(client, period, tenant).get(tenant, [])
+
+
+def finalized_by_tenant(client: Client, period: str, tenant: str | None = None) -> dict[str, list[Invoice]]:
+    """Issued invoices of a month per tenant, in issue order (one query)."""
+    where = "period = %(period)s" + (" AND tenant = %(tenant)s" if tenant is not None else "")
     rows = client.query(
-        "SELECT document, exact_quantities FROM invoices "
-        "WHERE tenant = %(tenant)s AND period = %(period)s ORDER BY seq",
+        f"SELECT tenant, document, exact_quantities FROM invoices WHERE {where} ORDER BY tenant, seq",
         parameters={"tenant": tenant, "period": period},
     ).result_rows
-    return [invoice_from_document(jsonio.loads(row[0]), jsonio.loads(row[1])) for row in rows]
+    issued: dict[str, list[Invoice]] = {}
+    for row in rows:
+        document, quantities = jsonio.loads(row[1]), jsonio.loads(row[2])
+        issued.setdefault(str(row[0]), []).append(invoice_from_document(document, quantities))
+    return issued
 
 
 def record_final(client: Client, invoice: Invoice, seq: int) -> None:

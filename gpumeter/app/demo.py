@@ -138,7 +138,7 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
            console: Console) -> int:
     from dashboards.finance_report import daily_spend, render
     from pricing.exports import write_invoice
-    from pricing.issue import billable_tenants, billing, invoice_for
+    from pricing.issue import MonthData, billable_tenants, billing, invoice_for
 
     periods = [str(row[0]) for row in client.query(
         "SELECT DISTINCT period FROM rated_usage ORDER BY period").result_rows]
@@ -148,8 +148,9 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
     documents = []
     with billing(settings) as context:
         for period in periods:
-            for tenant in billable_tenants(context, period):
-                invoice = invoice_for(context, tenant, period)
+            month = MonthData.load(context.client, period)
+            for tenant in billable_tenants(context, period, month):
+                invoice = invoice_for(context, tenant, period, prefetched=month)
                 for fmt in ("json", "csv"):
                     write_invoice(invoice, fmt, invoice_dir)
                 document = invoice.to_document()

@@ -96,7 +96,9 @@ def test_up_status_down_on_free_ports(tmp_path: Path) -> None:
         first = cli("up", env=env)
         assert first.returncode == 0, first.stderr
         assert "started Kafka" in first.stdout and "started ClickHouse" in first.stdout
-        assert "applied schema migrations [1]" in first.stdout
+        # A fresh database gets every owner's first migration (the pipeline's tables, the invoices).
+        assert "applied schema migrations pipeline/1, " in first.stdout
+        assert "pricing/1" in first.stdout
         second = cli("up", env=env)  # starting twice is harmless
         assert second.returncode == 0, second.stderr
         assert "already running" in second.stdout

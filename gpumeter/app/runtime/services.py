@@ -83,7 +83,7 @@ def up(settings: Settings) -> list[str]:
     applied = schema.migrate(client)
     client.close()
     if applied:
-        done.append(f"applied schema migrations {applied}")
+        done.append(f"applied schema migrations {', '.join(applied)}")
     return done
 
 
