@@ -6,7 +6,7 @@ from datetime import UTC
 from decimal import Decimal
 
 from gpumeter.core.models import RatedUsage, SampleRejected, UsageSample
-from gpumeter.core.money import SECONDS_PER_HOUR, exact, to_store
+from gpumeter.core.money import per_hour, product, to_store
 from gpumeter.core.ratecard import Rate, RateCard, RateCardSet
 
 
@@ -87,5 +87,4 @@ class Rater:
 
 def list_cost(unit_seconds: Decimal, unit_price: Decimal, multiplier: Decimal) -> Decimal:
     """unit_hours x unit_price x multiplier, kept at 18 decimal places for real-time spend."""
-    with exact():
-        return to_store(unit_seconds * unit_price * multiplier / SECONDS_PER_HOUR)
+    return to_store(per_hour(product(unit_seconds, unit_price, multiplier)))

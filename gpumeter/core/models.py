@@ -10,7 +10,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    PrivateAttr,
     StrictInt,
     ValidationError,
     ValidatorFunctionWrapHandler,
@@ -18,7 +17,7 @@ from pydantic import (
 )
 
 from gpumeter.core import jsonio
-from gpumeter.core.money import exact
+from gpumeter.core.money import exact, product
 from gpumeter.core.validation import (
     TENANT_PATTERN,
     AwareTimestamp,
@@ -81,24 +80,26 @@ class UsageSample(BaseModel):
     power_watts: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
     energy_joules: Annotated[NonNegativeDecimal, Field(lt=TELEMETRY_LIMIT)] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
-    # Nanoseconds below the microsecond of window_start / window_end (RFC3339Nano input).
-    _start_ns: int = PrivateAttr(default=0)
-    _end_ns: int = PrivateAttr(default=0)
 
     @model_validator(mode="wrap")
     @classmethod
     def _keep_nanoseconds(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> UsageSample:
         sample: UsageSample = handler(data)
         if isinstance(data, dict):
-            sample._start_ns = sub_microsecond_ns(data.get("window_start"))
-            sample._end_ns = sub_microsecond_ns(data.get("window_end"))
-            seconds = sample.window_seconds
+            seconds = _exact_window(
+                sample.window_start, sample.window_end,
+                sub_microsecond_ns(data.get("window_start")), sub_microsecond_ns(data.get("window_end")),
+            )
             if seconds <= 0:
                 raise ValueError("window_end must be after window_start")
             if seconds > MAX_WINDOW_SECONDS:
                 raise ValueError(
                     f"window_start to window_end is {seconds} s; the maximum is {MAX_WINDOW_SECONDS} s"
                 )
+            # Not a field and not a pydantic private attribute (those cost a Python-level
+            # __getattr__ per read on the rating hot path): a plain instance-dict entry, which
+            # serialization and equality ignore. It remembers the window it was computed for.
+            sample.__dict__[_WINDOW_CACHE] = (sample.window_start, sample.window_end, seconds)
         return sample
 
     @model_validator(mode="after")
@@ -125,17 +126,15 @@ class UsageSample(BaseModel):
     @property
     def window_seconds(self) -> Decimal:
         """Exact window length in seconds, to the nanosecond the sender gave."""
-        delta = self.window_end - self.window_start
-        micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
-        nanos = micros * 1000 + self._end_ns - self._start_ns
-        # Microsecond input keeps its 6-place form (and every stored value its old shape).
-        return Decimal(nanos // 1000).scaleb(-6) if nanos % 1000 == 0 else Decimal(nanos).scaleb(-9)
+        cached = self.__dict__.get(_WINDOW_CACHE)
+        if cached is not None and cached[0] is self.window_start and cached[1] is self.window_end:
+            return cached[2]  # type: ignore[no-any-return]
+        return _exact_window(self.window_start, self.window_end, 0, 0)
 
     @property
     def unit_seconds(self) -> Decimal:
         """quantity x seconds: exact (60-digit context), unlike unit-hours, which divide by 3600."""
-        with exact():
-            return self.quantity * self.window_seconds
+        return product(self.quantity, self.window_seconds)
 
     @property
     def period_month(self) -> str:
@@ -143,8 +142,21 @@ class UsageSample(BaseModel):
         return utc_month(self.window_start)
 
 
+_WINDOW_CACHE = "_gpumeter_window"
+
+
+def _exact_window(start: datetime, end: datetime, start_ns: int, end_ns: int) -> Decimal:
+    """end - start in seconds; start_ns/end_ns are the nanoseconds below the microsecond."""
+    delta = end - start
+    micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    nanos = micros * 1000 + end_ns - start_ns
+    # Microsecond input keeps its 6-place form (and every stored value its old shape).
+    return Decimal(nanos // 1000).scaleb(-6) if nanos % 1000 == 0 else Decimal(nanos).scaleb(-9)
+
+
 def utc_month(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m")
+    utc = moment.astimezone(UTC)
+    return f"{utc.year:04d}-{utc.month:02d}"  # strftime is several times slower on the rating path
 
 
 class SampleRejected(ValueError):
