@@ -279,7 +279,7 @@ class QuotaEvent(BaseModel):
 
 
 PreemptionAction = Literal["noticed", "evicted", "pdb_refused", "failed", "dry_run", "queue_closed",
-                           "queue_opened"]
+                           "queue_opened", "skipped_protected", "cancelled"]
 
 
 class PreemptionRecord(BaseModel):
