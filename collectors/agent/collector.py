@@ -7,11 +7,15 @@ runs as a DaemonSet on every GPU node:
 2. kubelet PodResources (collectors.agent.podresources): which pod holds which device;
 3. kubelet stats summary (collectors.agent.kubelet_stats): CPU, memory, ephemeral storage used;
 4. API server (collectors.agent.podmeta): tenant, priority, capacity type, requests, PVCs;
-5. samples (collectors.agent.samples) -> publisher (Kafka, or the disk spool while Kafka is away).
+5. samples (collectors.agent.samples) -> publisher (Kafka, or the disk spool while Kafka is away);
+6. from the same reads, the node's allocation record (collectors.agent.allocation, contract 8):
+   which GPU indices the kubelet assigned to which pod, every window, through the same publisher.
 
 A failing source costs its part of one window, never the agent: each read is
 isolated, counted (``gpumeter_agent_source_errors``) and, for PodResources,
-the last good allocation list is reused for up to three intervals.
+the last good allocation list is reused for up to three intervals. Past that the
+allocation is unknown: the window bills no GPU and publishes no allocation record (the
+last one published stands), rather than one claiming every GPU is free.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from collectors.agent.allocation import AllocationBuilder
 from collectors.agent.cgroups import pod_uids_of
 from collectors.agent.kubelet_stats import (
     ApiServerStatsClient,
@@ -43,7 +48,7 @@ from collectors.agent.podresources import DEFAULT_SOCKET, DeviceAllocation, PodR
 from collectors.agent.publisher import Publisher
 from collectors.agent.samples import SampleBuilder, window_bounds
 from collectors.agent.spool import DEFAULT_MAX_BYTES, Spool
-from gpumeter.core.models import NodeTopology, UsageSample
+from gpumeter.core.models import NodeAllocation, NodeTopology, UsageSample
 from gpumeter.core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -78,6 +83,10 @@ class SampleSource(Protocol):
 
     def topologies(self) -> list[NodeTopology]: ...
 
+    def node_allocations(self) -> list[NodeAllocation]:
+        """Allocation records of the window last collected (none when they are unknown)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -107,10 +116,14 @@ class NodeCollector:
         self.proc_root = proc_root
         self._clock = clock
         self.builder = SampleBuilder(cluster=cluster, node=node, interval=interval)
+        self.allocation_builder = AllocationBuilder(cluster=cluster, node=node)
         self.source_errors: dict[str, int] = {}
         self.lost_gpus = 0
         self.cycles = 0
         self._last_allocations: tuple[float, list[DeviceAllocation]] | None = None
+        self._allocations_known = False
+        # What the last window was built from, for its allocation record (None: unknown).
+        self._window_state: tuple[datetime, list[DeviceAllocation], list[PodInfo]] | None = None
         self._topology_signature: Any = None
         self._unknown_refresh_cycle = -UNKNOWN_DEVICE_REFRESH_CYCLES
 
@@ -133,9 +146,12 @@ class NodeCollector:
             if self._last_allocations is not None:
                 at, previous = self._last_allocations
                 if now - at <= ALLOCATION_STALENESS_INTERVALS * self.interval:
+                    self._allocations_known = True
                     return previous
+            self._allocations_known = False
             return []
         self._last_allocations = (now, allocations)
+        self._allocations_known = True
         return allocations
 
     def _node_stats(self) -> NodeStats | None:
@@ -178,6 +194,7 @@ class NodeCollector:
         )
         pods = self._pods()
         node_stats = self._node_stats()
+        self._window_state = (window_end, allocations, pods) if self._allocations_known else None
         return self.builder.build(
             window_start=window_start,
             window_end=window_end,
@@ -189,6 +206,16 @@ class NodeCollector:
             claim_lookup=self.metadata.claim,
             pid_pods=self._pid_pods(readings),
         )
+
+    def node_allocations(self) -> list[NodeAllocation]:
+        """The node's allocation for the window last collected, ``at`` its end; [] when unknown."""
+        if self._window_state is None:
+            return []
+        window_end, allocations, pods = self._window_state
+        record = self.allocation_builder.build(
+            at=window_end, allocations=allocations, device_lookup=self.nvml.device, pods=pods
+        )
+        return [record]
 
     def topology(self, at: datetime | None = None) -> NodeTopology:
         return self.nvml.topology(self.cluster, self.node, at)
@@ -375,6 +402,8 @@ def run_agent(
                 for sample in samples:
                     metrics.count_emitted(sample.kind)
                 publisher.publish(samples)
+                for allocation in collector.node_allocations():
+                    publisher.publish_allocation(allocation)
                 if isinstance(collector, NodeCollector) and collector.cycles % INVENTORY_REFRESH_CYCLES == 0:
                     for topology in collector.topologies():
                         publisher.publish_topology(topology)

@@ -90,6 +90,27 @@ class _AgentState(Collector):
                 "1 when the last Kafka send was acknowledged",
                 value=1 if publisher.kafka_up else 0,
             )
+            yield CounterMetricFamily(
+                f"{PREFIX}_allocations_sent",
+                "Allocation records acknowledged by Kafka (replays included)",
+                value=publisher.allocations_sent + publisher.allocations_replayed,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_allocations_spooled",
+                "Allocation records written to the allocation spool",
+                value=publisher.allocations_spooled,
+            )
+            allocation_spool = publisher.allocation_spool
+            yield GaugeMetricFamily(
+                f"{PREFIX}_allocation_spool_records",
+                "Allocation records waiting in their spool",
+                value=allocation_spool.records if allocation_spool is not None else 0,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_allocation_spool_dropped_records",
+                "Allocation records dropped because their spool was full",
+                value=allocation_spool.dropped if allocation_spool is not None else 0,
+            )
         collector = m.collector
         if collector is not None:
             errors = CounterMetricFamily(

@@ -11,6 +11,14 @@ only after the broker acknowledged every record in it.
 
 Delivery is at-least-once: a record whose acknowledgement was lost may be sent
 again from the spool; its ``event_id`` makes the duplicate harmless downstream.
+
+The node's allocation record (contract 8, one per window) takes the same path on its own
+lane: ``gpumeter.node.allocation.v1`` keyed by node, one record per Kafka message (the topic
+is compacted: never joined into multi-line records), spooled while Kafka is away in a spool
+of its own (``<spool>/allocation``, bounded at 64 MiB, days of windows) and replayed oldest
+first, so the samples spool holds samples only and a long outage cannot fill it with
+allocations. Once replayed, the newest record is again the last one per node, as compaction
+needs.
 """
 
 from __future__ import annotations
@@ -28,14 +36,16 @@ from kafka.errors import KafkaError
 
 from collectors.agent.spool import Spool
 from gpumeter.core import jsonio, records
-from gpumeter.core.models import NodeTopology, UsageSample
+from gpumeter.core.models import NodeAllocation, NodeTopology, UsageSample
 from gpumeter.core.settings import KafkaSettings
-from gpumeter.core.topics import SAMPLES, TOPOLOGY
+from gpumeter.core.topics import ALLOCATION, SAMPLES, TOPOLOGY
 from gpumeter.infra.kafka import KafkaUnavailable, make_producer
 
 log = logging.getLogger(__name__)
 
 _KEY_LENGTH = struct.Struct(">H")
+ALLOCATION_SPOOL = "allocation"  # subdirectory of the samples spool
+ALLOCATION_SPOOL_MAX_BYTES = 64 * 1024 * 1024
 
 
 def encode_message(key: bytes, value: bytes) -> bytes:
@@ -52,6 +62,10 @@ def decode_message(payload: bytes) -> tuple[bytes, bytes]:
 def sample_message(sample: UsageSample) -> bytes:
     value = jsonio.dumpb(sample.model_dump(exclude_none=True))
     return encode_message(sample.tenant.encode(), value)
+
+
+def allocation_message(allocation: NodeAllocation) -> bytes:
+    return encode_message(allocation.node.encode(), jsonio.dumpb(allocation.model_dump()))
 
 
 class DeliveryFailed(RuntimeError):
@@ -96,9 +110,16 @@ class Publisher:
         self._next_attempt = 0.0
         self._lock = threading.Lock()
         self._pending_topology: NodeTopology | None = None
+        self.allocation_topic = kafka.topic(ALLOCATION)
+        self._allocation_spool: Spool | None = None
+        if (spool.directory / ALLOCATION_SPOOL).is_dir():
+            self._open_allocation_spool()  # records left from before a restart are replayed
         self.sent = 0
         self.spooled = 0
         self.replayed = 0
+        self.allocations_sent = 0
+        self.allocations_spooled = 0
+        self.allocations_replayed = 0
         self.send_failures = 0
         self.kafka_up = False
 
@@ -148,15 +169,25 @@ class Publisher:
     # -- sending -----------------------------------------------------------------------------------
 
     def _send(
-        self, producer: Any, topic: str, messages: Sequence[tuple[bytes, bytes]], timeout: float
+        self,
+        producer: Any,
+        topic: str,
+        messages: Sequence[tuple[bytes, bytes]],
+        timeout: float,
+        *,
+        join: bool = True,
     ) -> list[int]:
         """Send and wait; returns the indexes of the messages the broker did not acknowledge.
 
         Samples go out as multi-sample records per tenant (gpumeter/records.py): the worker
         pays its per-record cost once per record, not once per sample. A record that is
         not acknowledged fails every sample in it, so those are spooled and replayed.
+        ``join=False`` sends one message per record (compacted state topics).
         """
-        groups = records.group_by_key(list(messages))
+        if join:
+            groups = records.group_by_key(list(messages))
+        else:
+            groups = [(key, [index]) for index, (key, _value) in enumerate(messages)]
         futures: list[Any] = []
         try:
             for key, members in groups:
@@ -232,6 +263,75 @@ class Publisher:
         result.dropped += len(payloads) - kept
         self.spooled += kept
 
+    # -- allocation (contract 8) ---------------------------------------------------------------------
+
+    @property
+    def allocation_spool(self) -> Spool | None:
+        """The allocation lane's spool; None until something had to be spooled."""
+        return self._allocation_spool
+
+    def _open_allocation_spool(self) -> Spool:
+        if self._allocation_spool is None:
+            self._allocation_spool = Spool(
+                self.spool.directory / ALLOCATION_SPOOL,
+                max_bytes=min(ALLOCATION_SPOOL_MAX_BYTES, self.spool.max_bytes),
+                fsync=self.spool.fsync,
+            )
+        return self._allocation_spool
+
+    def publish_allocation(self, allocation: NodeAllocation) -> PublishResult:
+        """Deliver the node's allocation record (key = node), or spool it. Never raises for an outage."""
+        with self._lock:
+            result = PublishResult()
+            self._flush_topology()
+            result.replayed = self._replay_allocations()
+            payload = allocation_message(allocation)
+            spool = self._allocation_spool
+            producer = None if spool is not None and spool.records else self._ensure_producer()
+            if producer is None:
+                self._spool_allocation(payload, result)
+                return result
+            failed = self._send(
+                producer, self.allocation_topic, [decode_message(payload)], self.send_timeout, join=False
+            )
+            if failed:
+                self._mark_down("allocation not acknowledged")
+                self._spool_allocation(payload, result)
+            else:
+                result.sent = 1
+                self.allocations_sent += 1
+                self._mark_up()
+            return result
+
+    def _spool_allocation(self, payload: bytes, result: PublishResult) -> None:
+        kept = self._open_allocation_spool().append([payload])
+        result.spooled += kept
+        result.dropped += 1 - kept
+        self.allocations_spooled += kept
+
+    def _send_allocation_payloads(self, payloads: list[bytes]) -> None:
+        producer = self._ensure_producer()
+        if producer is None:
+            raise DeliveryFailed("Kafka unavailable")
+        messages = [decode_message(payload) for payload in payloads]
+        timeout = max(self.send_timeout, len(messages) / 5000)
+        failed = self._send(producer, self.allocation_topic, messages, timeout, join=False)
+        if failed:
+            self._mark_down(f"{len(failed)} of {len(messages)} spooled allocations not acknowledged")
+            raise DeliveryFailed(f"{len(failed)} allocation records not acknowledged")
+        self.allocations_replayed += len(messages)
+        self._mark_up()
+
+    def _replay_allocations(self) -> int:
+        spool = self._allocation_spool
+        if spool is None or not spool.records or self._ensure_producer() is None:
+            return 0
+        before = self.allocations_replayed
+        deadline = time.monotonic() + self.replay_budget_seconds
+        with contextlib.suppress(DeliveryFailed):
+            spool.replay(self._send_allocation_payloads, deadline=deadline)
+        return self.allocations_replayed - before
+
     # -- topology ----------------------------------------------------------------------------------
 
     def publish_topology(self, topology: NodeTopology) -> bool:
@@ -268,3 +368,5 @@ class Publisher:
                 except Exception as exc:
                     log.warning("closing Kafka producer: %s", exc)
             self.spool.close()
+            if self._allocation_spool is not None:
+                self._allocation_spool.close()

@@ -6,16 +6,20 @@ tests, benchmarks). It is never presented as NVML: every sample carries the labe
 
 Model
 -----
-* Nodes of each configured GPU model, ``gpus_per_node`` GPUs each. A node's capacity
-  type (on-demand / reserved / spot) is fixed and spread over the fleet by smooth
+* Nodes of each configured GPU model, ``gpus_per_node`` GPUs each (a model whose server type
+  fixes the count, such as the 4-GPU L4 node, or an entry of ``gpus_per_node_by_model``,
+  overrides it), each with its model's real GPU layout (collectors/sim/hardware.py). A node's
+  capacity type (on-demand / reserved / spot) is fixed and spread over the fleet by smooth
   weighted round-robin of ``capacity_mix``, so every model gets a mix.
 * On models with a MIG profile (A100-SXM-40GB: ``1g.5gb``; H100-SXM-80GB: ``1g.10gb``),
   the first ``mig_gpus_per_node[model]`` GPUs of every node are partitioned into 7
   slices each; the remaining GPUs are handed out whole.
 * Tenants submit jobs as a Poisson process per window (``random.Random(seed)``), with a
   mild diurnal swing. A job asks for 1, 2, 4 or 8 whole GPUs of one model, or for one
-  MIG slice. It is placed first-fit on the nodes of its model (lowest free GPU indices);
-  jobs that do not fit wait in a FIFO queue that is re-scanned every window (backfill:
+  MIG slice. It is placed first-fit on the nodes of its model (by free count); there it
+  gets the free GPUs the device plugin would pick, the best-connected set
+  (collectors/sim/allocation.py; on an all-NVLink board, the lowest free indices). Jobs
+  that do not fit wait in a FIFO queue that is re-scanned every window (backfill:
   a small job may start ahead of a large one that still does not fit). A whole-GPU job
   that has waited ``reserve_after_seconds`` stops backfill on its GPU model until it
   starts, so 8-GPU jobs do not starve. A tenant's queue is capped
@@ -37,6 +41,14 @@ reports them: a ``1g.5gb`` slice of a 7-slice A100 is ``gpu_share(1, 7)`` =
 (A100-SXM-40GB, 1g.5gb) price is therefore per GPU-hour of MIG capacity. The gpu sample
 labels ``gpumeter.io/gpus`` (GPU indices) and ``gpumeter.io/mig-slice`` say which device
 it is.
+
+Topology and allocation (contract 8)
+------------------------------------
+:meth:`SimulatedFleet.topology` gives every node's ``NodeTopology`` (built once: a node's
+layout never changes); :meth:`SimulatedFleet.allocations` gives, for the window last
+stepped, one ``NodeAllocation`` per node naming the GPU indices each running pod holds (a
+MIG slice holds its parent GPU's index; several slices of one GPU share it). Nodes with
+nothing running report an empty list, so a freed GPU is seen as free.
 
 Identity and determinism
 ------------------------
@@ -65,8 +77,17 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
+from collectors.sim.allocation import LinkTable, best_free_set
 from collectors.sim.hardware import GIB, GPU_SPECS, GpuSpec, node_topology
-from gpumeter.core.models import CAPACITY_TYPES, CapacityType, NodeTopology, UsageSample, gpu_share
+from gpumeter.core.models import (
+    CAPACITY_TYPES,
+    CapacityType,
+    GpuAssignment,
+    NodeAllocation,
+    NodeTopology,
+    UsageSample,
+    gpu_share,
+)
 from gpumeter.core.validation import TENANT_PATTERN
 
 __all__ = [
@@ -86,6 +107,8 @@ JOB_LABEL = "gpumeter.io/job"
 WORKLOAD_LABEL = "gpumeter.io/workload"
 GPUS_LABEL = "gpumeter.io/gpus"
 MIG_SLICE_LABEL = "gpumeter.io/mig-slice"
+# A simulated pod has one container; the allocation records name it so.
+CONTAINER = "main"
 
 # Job duration ranges (minutes of simulated time, log-uniform) per workload.
 DURATION_MINUTES: dict[str, tuple[float, float]] = {
@@ -179,6 +202,7 @@ class FleetConfig:
     cluster: str = "sim-cluster"
     nodes: Mapping[str, int] = field(default_factory=_default_nodes)
     gpus_per_node: int = 8
+    gpus_per_node_by_model: Mapping[str, int] = field(default_factory=dict)
     mig_gpus_per_node: Mapping[str, int] = field(default_factory=_default_mig)
     tenants: Sequence[TenantSpec | str] = DEFAULT_TENANTS
     window_seconds: int = 60
@@ -214,11 +238,16 @@ class FleetConfig:
                 yield f"node count for {model} must be >= 0"
         if sum(self.nodes.values()) < 1:
             yield "the fleet needs at least one node"
+        for model, count in self.gpus_per_node_by_model.items():
+            if model not in GPU_SPECS:
+                yield f"gpus_per_node_by_model: unknown GPU model {model!r}"
+            elif count < 1:
+                yield f"gpus_per_node_by_model[{model}] must be >= 1"
         for model, count in self.mig_gpus_per_node.items():
             spec = GPU_SPECS.get(model)
             if spec is None or not spec.mig_profile:
                 yield f"{model!r} has no MIG profile in the simulator"
-            elif not 0 <= count <= self.gpus_per_node:
+            elif not 0 <= count <= self.gpus_on(model):
                 yield f"mig_gpus_per_node[{model}] must be between 0 and gpus_per_node"
         for kind, weight in self.capacity_mix.items():
             if kind not in CAPACITY_TYPES:
@@ -245,6 +274,13 @@ class FleetConfig:
             yield "reserve_after_seconds must be >= 0 or None"
         if self.warm_start_jobs < 0:
             yield "warm_start_jobs must be >= 0"
+
+    def gpus_on(self, model: str) -> int:
+        """GPUs per node of ``model``: the override, else the server type's count, else ``gpus_per_node``."""
+        if model in self.gpus_per_node_by_model:
+            return self.gpus_per_node_by_model[model]
+        spec = GPU_SPECS.get(model)
+        return (spec.board_gpus if spec is not None else None) or self.gpus_per_node
 
     @property
     def tenant_specs(self) -> tuple[TenantSpec, ...]:
@@ -277,6 +313,10 @@ class _Node:
     capacity_type: CapacityType
     free_whole: list[int]
     free_slices: list[tuple[int, int]]
+    topology: NodeTopology
+    links: LinkTable
+    jobs: dict[str, _Job] = field(default_factory=dict)  # pod_uid -> running job, placed here
+    assignments: list[dict[str, Any]] | None = None  # JSON-ready, rebuilt after a change
 
 
 @dataclass(slots=True)
@@ -358,19 +398,31 @@ class SimulatedFleet:
         for model, count in config.nodes.items():
             spec = GPU_SPECS[model]
             mig_gpus = config.mig_gpus_per_node.get(model, 0) if spec.mig_profile else 0
+            gpus = config.gpus_on(model)
             for i in range(count):
                 # Smooth weighted round-robin: interleaves capacity types across the fleet.
                 for kind, weight in mix:
                     current[kind] += weight
                 chosen = max(mix, key=lambda item: current[item[0]])[0]
                 current[chosen] -= total
+                name = f"{spec.short}-node-{i:02d}"
+                topology = node_topology(
+                    cluster=config.cluster,
+                    node=name,
+                    spec=spec,
+                    gpus_per_node=gpus,
+                    namespace=self._uid_namespace,
+                    at=self._clock,
+                )
                 nodes.append(
                     _Node(
-                        name=f"{spec.short}-node-{i:02d}",
+                        name=name,
                         spec=spec,
                         capacity_type=chosen,
-                        free_whole=list(range(mig_gpus, config.gpus_per_node)),
+                        free_whole=list(range(mig_gpus, gpus)),
                         free_slices=[(g, s) for g in range(mig_gpus) for s in range(spec.mig_slices)],
+                        topology=topology,
+                        links=LinkTable.from_topology(topology),
                     )
                 )
         return nodes
@@ -401,18 +453,46 @@ class SimulatedFleet:
         return {node.name: node.capacity_type for node in self._nodes}
 
     def topology(self) -> list[NodeTopology]:
-        """GPU layout of every node (NVLink all-to-all on H100/A100, PCIe pairs on L40S)."""
-        return [
-            node_topology(
-                cluster=self.config.cluster,
-                node=node.name,
-                spec=node.spec,
-                gpus_per_node=self.config.gpus_per_node,
-                namespace=self._uid_namespace,
-                at=self._clock,
+        """GPU layout of every node (collectors/sim/hardware.py), as of the fleet's start."""
+        return [node.topology for node in self._nodes]
+
+    def allocations(self) -> list[NodeAllocation]:
+        """One record per node: the GPU indices each pod running in the last stepped window holds.
+
+        ``at`` is the end of that window (the fleet's start before the first step). Pods are
+        listed by namespace and name; a node with nothing running has no assignments.
+        """
+        return [NodeAllocation.model_validate(record) for record in self.allocation_dicts()]
+
+    def allocation_dicts(self) -> list[dict[str, Any]]:
+        """Like :meth:`allocations`, JSON-ready (``NodeAllocation.model_dump()`` through JSON).
+
+        A node's assignments are rebuilt only when a pod started or left it, so the
+        per-window cost is one small dict per node.
+        """
+        at = self._clock.isoformat()
+        records = []
+        for node in self._nodes:
+            if node.assignments is None:
+                node.assignments = [
+                    GpuAssignment(
+                        namespace=job.tenant,
+                        pod=job.pod,
+                        pod_uid=job.pod_uid,
+                        container=CONTAINER,
+                        gpu_indices=list(job.gpu_indices),
+                    ).model_dump()
+                    for job in sorted(node.jobs.values(), key=lambda j: (j.tenant, j.pod))
+                ]
+            records.append(
+                {
+                    "cluster": self.config.cluster,
+                    "node": node.name,
+                    "assignments": [dict(a, gpu_indices=list(a["gpu_indices"])) for a in node.assignments],
+                    "at": at,
+                }
             )
-            for node in self._nodes
-        ]
+        return records
 
     def running_pods(self) -> list[dict[str, Any]]:
         """Pods running now: what a scheduler hook would list (tenant, priority, capacity...)."""
@@ -428,6 +508,7 @@ class SimulatedFleet:
                     "node": job.node.name,
                     "gpu_model": job.model,
                     "gpus": job.gpus,
+                    "gpu_indices": list(job.gpu_indices),
                     "mig_profile": job.node.spec.mig_profile if job.mig_slot else None,
                     "capacity_type": job.node.capacity_type,
                     "priority": job.priority,
@@ -624,6 +705,9 @@ class SimulatedFleet:
             job.end_window = index + job.duration
             self._ends.setdefault(job.end_window, []).append(job)
             self._running[job.pod_uid] = job
+            assert job.node is not None
+            job.node.jobs[job.pod_uid] = job
+            job.node.assignments = None
             self._prepare(job)
             self.stats.jobs_started += 1
         self._queue = waiting
@@ -637,15 +721,19 @@ class SimulatedFleet:
                     job.gpu_indices = (job.mig_slot[0],)
                     return True
             elif len(node.free_whole) >= job.gpus:
+                chosen = best_free_set(node.free_whole, job.gpus, node.links)
+                assert chosen is not None  # enough GPUs are free
                 job.node = node
-                job.gpu_indices = tuple(node.free_whole[: job.gpus])
-                del node.free_whole[: job.gpus]
+                job.gpu_indices = chosen
+                node.free_whole = [g for g in node.free_whole if g not in chosen]
                 return True
         return False
 
     def _release(self, job: _Job) -> None:
         node = job.node
         assert node is not None
+        node.jobs.pop(job.pod_uid, None)
+        node.assignments = None
         if job.mig_slot is not None:
             node.free_slices.append(job.mig_slot)
             node.free_slices.sort()

@@ -2,6 +2,21 @@
 
 Numbers are plausible public figures (board power, memory) rounded for readability; they
 drive simulated telemetry only and are never presented as NVML readings.
+
+Layouts (contract 8, the classes ``nvidia-smi topo -m`` prints):
+
+* H100 SXM (HGX/DGX H100): 8 GPUs, 18 NVLinks each into 4 NVSwitches: every pair ``NV18``.
+* A100 SXM (HGX/DGX A100 8-GPU): 12 NVLinks per GPU into 6 NVSwitches: every pair ``NV12``,
+  as a DGX A100 reports it. (The 4-GPU HGX A100 board links GPUs directly, NV4 per pair;
+  the simulator models the 8-GPU board.)
+* L40S (8 per node, kept so for the demo's capacity): no NVLink. Pairs (0,1), (2,3), ... share
+  a PCIe switch (``PIX``); each switch hangs off its own NUMA node of a dual-socket host (AMD
+  EPYC with two NUMA nodes per socket), so every other pair crosses NUMA nodes (``SYS``).
+* L4 (4 per node, a single-socket host): pairs (0,1) and (2,3) share a PCIe switch (``PIX``);
+  the two switches sit on different host bridges of one NUMA node (``NODE``).
+
+:class:`PcieLayout` describes the PCIe-only boards and also yields ``PXB`` (leaf switches
+under one upstream switch) for layouts that have it.
 """
 
 from __future__ import annotations
@@ -13,6 +28,45 @@ from datetime import datetime
 from gpumeter.core.models import GpuDevice, NodeTopology
 
 GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLayout:
+    """Where the GPUs of a PCIe-only board sit, GPUs numbered in PCIe bus order.
+
+    Consecutive GPUs fill a leaf PCIe switch (``gpus_per_switch``); consecutive leaf switches
+    share an upstream switch (``switches_per_tree``; one tree per host bridge); consecutive
+    trees share a NUMA node (``trees_per_numa``). Pair classes follow: same leaf switch
+    ``PIX``, same tree ``PXB``, same NUMA node ``NODE``, else ``SYS``.
+    """
+
+    gpus_per_switch: int = 2
+    switches_per_tree: int = 1
+    trees_per_numa: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.gpus_per_switch, self.switches_per_tree, self.trees_per_numa) < 1:
+            raise ValueError("PcieLayout counts must be >= 1")
+
+    @property
+    def gpus_per_tree(self) -> int:
+        return self.gpus_per_switch * self.switches_per_tree
+
+    @property
+    def gpus_per_numa(self) -> int:
+        return self.gpus_per_tree * self.trees_per_numa
+
+    def link(self, a: int, b: int) -> str:
+        if a // self.gpus_per_switch == b // self.gpus_per_switch:
+            return "PIX"
+        if a // self.gpus_per_tree == b // self.gpus_per_tree:
+            return "PXB"
+        if a // self.gpus_per_numa == b // self.gpus_per_numa:
+            return "NODE"
+        return "SYS"
+
+    def numa_node(self, index: int) -> int:
+        return index // self.gpus_per_numa
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,26 +83,44 @@ class GpuSpec:
     nvlink: str | None  # link class between every GPU pair ("NV18"), or None for PCIe-only boards
     mig_profile: str | None = None  # the one MIG profile the simulator partitions this model into
     mig_slices: int = 0  # slices of ``mig_profile`` per partitioned GPU
+    pcie: PcieLayout | None = None  # PCIe-only boards: where the GPUs sit (None with NVLink)
+    board_gpus: int | None = None  # GPUs per node when fixed by the server type; None: the fleet's
 
+
+# L40S: dual socket, one PCIe switch (two GPUs) per NUMA node, two NUMA nodes per socket.
+L40S_LAYOUT = PcieLayout(gpus_per_switch=2, switches_per_tree=1, trees_per_numa=1)
+# L4: single socket, two PCIe switches (two GPUs each) on two host bridges of NUMA node 0.
+L4_LAYOUT = PcieLayout(gpus_per_switch=2, switches_per_tree=1, trees_per_numa=2)
 
 GPU_SPECS: dict[str, GpuSpec] = {
     spec.model: spec
     for spec in (
         GpuSpec("H100-SXM-80GB", "h100", 700, 75, 80 * GIB, 24, 240, "NV18", "1g.10gb", 7),
         GpuSpec("A100-SXM-40GB", "a100", 400, 55, 40 * GIB, 16, 120, "NV12", "1g.5gb", 7),
-        GpuSpec("L40S-48GB", "l40s", 350, 35, 48 * GIB, 12, 96, None),
+        GpuSpec("L40S-48GB", "l40s", 350, 35, 48 * GIB, 12, 96, None, pcie=L40S_LAYOUT),
+        GpuSpec("L4-24GB", "l4", 72, 16, 24 * GIB, 12, 48, None, pcie=L4_LAYOUT, board_gpus=4),
     )
 }
 
-# PCIe-only boards: GPUs 2k and 2k+1 share a PCIe switch (PIX); every other pair crosses
-# the host bridge / socket interconnect (SYS).
-PCIE_PAIR_LINK = "PIX"
-PCIE_FAR_LINK = "SYS"
+NVLINK_NUMA_NODES = 2  # SXM boards: the first half of the GPUs on NUMA node 0, the rest on 1
 
 
 def gpu_uuid(namespace: uuid.UUID, node: str, index: int) -> str:
     """Stable NVML-style UUID string for a simulated GPU."""
     return f"GPU-{uuid.uuid5(namespace, f'gpu/{node}/{index}')}"
+
+
+def pair_link(spec: GpuSpec, a: int, b: int) -> str:
+    """The ``nvidia-smi topo -m`` class between GPUs ``a`` and ``b`` of one node of ``spec``."""
+    if spec.nvlink:
+        return spec.nvlink
+    return (spec.pcie or PcieLayout()).link(a, b)
+
+
+def numa_node(spec: GpuSpec, index: int, gpus_per_node: int) -> int:
+    if spec.nvlink or spec.pcie is None:
+        return index // max(1, gpus_per_node // NVLINK_NUMA_NODES)
+    return spec.pcie.numa_node(index)
 
 
 def node_topology(
@@ -60,14 +132,10 @@ def node_topology(
     namespace: uuid.UUID,
     at: datetime,
 ) -> NodeTopology:
-    """The GPU layout of one simulated node.
+    """The GPU layout of one simulated node (module docstring).
 
-    NVLink boards (H100 SXM: NV18, A100 SXM: NV12) are all-to-all through NVSwitch, so
-    every pair carries the board's link class and every GPU lists all others as NVLink
-    peers. PCIe boards (L40S) have no NVLink peers; pairs (0,1), (2,3), ... are ``PIX``,
-    all other pairs ``SYS``. GPUs 0..n/2-1 sit on NUMA node 0, the rest on NUMA node 1.
+    NVLink boards list every other GPU as an NVLink peer; PCIe boards list none.
     """
-    half = max(1, gpus_per_node // 2)
     indices = range(gpus_per_node)
     gpus = [
         GpuDevice(
@@ -75,15 +143,9 @@ def node_topology(
             uuid=gpu_uuid(namespace, node, i),
             model=spec.model,
             nvlink_peers=[j for j in indices if j != i] if spec.nvlink else [],
-            numa_node=i // half,
+            numa_node=numa_node(spec, i, gpus_per_node),
         )
         for i in indices
     ]
-    links: dict[str, str] = {}
-    for i in indices:
-        for j in range(i + 1, gpus_per_node):
-            if spec.nvlink:
-                links[f"{i}-{j}"] = spec.nvlink
-            else:
-                links[f"{i}-{j}"] = PCIE_PAIR_LINK if i // 2 == j // 2 else PCIE_FAR_LINK
+    links = {f"{i}-{j}": pair_link(spec, i, j) for i in indices for j in range(i + 1, gpus_per_node)}
     return NodeTopology(cluster=cluster, node=node, gpus=gpus, links=links, at=at)

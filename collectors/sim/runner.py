@@ -1,4 +1,9 @@
-"""`gpumeter collect --source simulated`: publish the simulated fleet's samples to Kafka."""
+"""`gpumeter collect --source simulated`: publish the simulated fleet's records to Kafka.
+
+Per window: the samples (key = tenant, multi-sample records) and one ``NodeAllocation`` per
+node (compacted topic, key = node). Each node's ``NodeTopology`` goes out once, and again only
+when it changes (compacted topic, key = node).
+"""
 
 from __future__ import annotations
 
@@ -8,28 +13,53 @@ from typing import Any
 
 from collectors.sim.fleet import FleetConfig, SimulatedFleet
 from gpumeter.core import jsonio, topics
+from gpumeter.core.models import NodeTopology
 from gpumeter.core.records import RecordBatcher
 from gpumeter.core.settings import Settings
 from gpumeter.infra.kafka import make_producer
 
 
+def _layout(topology: NodeTopology) -> tuple[object, ...]:
+    """What a topology change is: the GPUs and their links, not the time it was read."""
+    return (tuple(topology.gpus), tuple(sorted(topology.links.items())))
+
+
 class FleetPublisher:
-    """Sends fleet windows to the samples topic (key = tenant) and topology to its compacted topic."""
+    """Sends fleet windows to the samples topic, allocations and topology to their compacted topics."""
 
     def __init__(self, settings: Settings, fleet: SimulatedFleet) -> None:
         self.fleet = fleet
         self.producer = make_producer(settings.kafka)
         self.samples_topic = settings.kafka.topic(topics.SAMPLES)
         self.topology_topic = settings.kafka.topic(topics.TOPOLOGY)
-        self.published = 0
+        self.allocation_topic = settings.kafka.topic(topics.ALLOCATION)
+        self.published = 0  # samples (the demo compares it with what was stored)
+        self.allocations_published = 0
+        self.topologies_published = 0
+        self._layouts: dict[str, tuple[object, ...]] = {}
+        self._last: dict[str, NodeTopology] = {}
 
-    def publish_topology(self) -> None:
+    def publish_topology(self) -> int:
+        """Publish the topology of every node not yet published or changed since; returns how many."""
+        sent = 0
         for node in self.fleet.topology():
+            if self._last.get(node.node) is node:
+                continue  # the very record already sent (the fleet keeps it until the layout changes)
+            layout = _layout(node)
+            self._last[node.node] = node
+            if self._layouts.get(node.node) == layout:
+                continue
             self.producer.send(self.topology_topic, key=node.node.encode(),
                                value=jsonio.dumpb(node.model_dump()))
+            self._layouts[node.node] = layout
+            sent += 1
+        self.topologies_published += sent
+        return sent
 
     def publish_window(self) -> list[dict[str, Any]]:
-        """One window of the fleet, as multi-sample records per tenant (gpumeter/records.py)."""
+        """One window of the fleet, as multi-sample records per tenant (gpumeter/records.py),
+        then every node's allocation for that window."""
+        self.publish_topology()
         samples = self.fleet.step_dicts()
         batcher = RecordBatcher()
         for sample in samples:
@@ -39,6 +69,10 @@ class FleetPublisher:
         for key, record, _count in batcher.drain():
             self.producer.send(self.samples_topic, key=key, value=record)
         self.published += len(samples)
+        for allocation in self.fleet.allocation_dicts():
+            self.producer.send(self.allocation_topic, key=allocation["node"].encode(),
+                               value=jsonio.dumpb(allocation))
+            self.allocations_published += 1
         return samples
 
     def send_raw(self, key: bytes, payload: bytes) -> None:

@@ -1,0 +1,335 @@
+"""The simulated fleet's GPU layouts and allocation records (contract 8).
+
+Expected matrices are written out by hand the way ``nvidia-smi topo -m`` prints them, from the
+hardware each model stands for (collectors/sim/hardware.py), never read back from the code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import defaultdict
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from collectors.sim.allocation import LinkTable, best_free_set
+from collectors.sim.fleet import GPUS_LABEL, FleetConfig, SimulatedFleet, TenantSpec
+from collectors.sim.hardware import GPU_SPECS, PcieLayout, node_topology
+from gpumeter.core import jsonio
+from gpumeter.core.models import NodeAllocation, NodeTopology
+from scheduler_hooks.placement import NodeGpus, best_set
+
+START = datetime(2026, 10, 30, tzinfo=UTC)
+EVERY_MODEL = {"H100-SXM-80GB": 2, "A100-SXM-40GB": 2, "L40S-48GB": 2, "L4-24GB": 3}
+
+
+def matrix(text: str) -> list[list[str]]:
+    return [line.split() for line in text.strip().splitlines()]
+
+
+def nv_all(label: str, n: int = 8) -> list[list[str]]:
+    return [["X" if i == j else label for j in range(n)] for i in range(n)]
+
+
+H100 = nv_all("NV18")
+A100 = nv_all("NV12")
+# One PCIe switch per NUMA node (dual socket, two NUMA nodes per socket).
+L40S = matrix("""
+X    PIX  SYS  SYS  SYS  SYS  SYS  SYS
+PIX  X    SYS  SYS  SYS  SYS  SYS  SYS
+SYS  SYS  X    PIX  SYS  SYS  SYS  SYS
+SYS  SYS  PIX  X    SYS  SYS  SYS  SYS
+SYS  SYS  SYS  SYS  X    PIX  SYS  SYS
+SYS  SYS  SYS  SYS  PIX  X    SYS  SYS
+SYS  SYS  SYS  SYS  SYS  SYS  X    PIX
+SYS  SYS  SYS  SYS  SYS  SYS  PIX  X
+""")
+# Single socket: two PCIe switches on two host bridges of NUMA node 0.
+L4 = matrix("""
+X    PIX  NODE NODE
+PIX  X    NODE NODE
+NODE NODE X    PIX
+NODE NODE PIX  X
+""")
+# A PLX tree per socket: two leaf switches of two GPUs under one upstream switch.
+PLX_TREE = matrix("""
+X    PIX  PXB  PXB  SYS  SYS  SYS  SYS
+PIX  X    PXB  PXB  SYS  SYS  SYS  SYS
+PXB  PXB  X    PIX  SYS  SYS  SYS  SYS
+PXB  PXB  PIX  X    SYS  SYS  SYS  SYS
+SYS  SYS  SYS  SYS  X    PIX  PXB  PXB
+SYS  SYS  SYS  SYS  PIX  X    PXB  PXB
+SYS  SYS  SYS  SYS  PXB  PXB  X    PIX
+SYS  SYS  SYS  SYS  PXB  PXB  PIX  X
+""")
+EXPECTED_NUMA = {
+    "H100-SXM-80GB": [0, 0, 0, 0, 1, 1, 1, 1],
+    "A100-SXM-40GB": [0, 0, 0, 0, 1, 1, 1, 1],
+    "L40S-48GB": [0, 0, 1, 1, 2, 2, 3, 3],
+    "L4-24GB": [0, 0, 0, 0],
+}
+
+
+def topo_matrix(topology: NodeTopology) -> list[list[str]]:
+    """The topology as ``nvidia-smi topo -m`` prints it; a pair recorded twice or not at all fails."""
+    n = len(topology.gpus)
+    table = [["X" if i == j else "" for j in range(n)] for i in range(n)]
+    for key, label in topology.links.items():
+        a, b = (int(part) for part in key.split("-"))
+        assert a < b, key  # one key per unordered pair, smaller index first
+        assert table[a][b] == "" and table[b][a] == "", f"pair {key} recorded twice"
+        table[a][b] = table[b][a] = label
+    assert all(cell for row in table for cell in row), "a pair has no class"
+    return table
+
+
+def fleet_topologies() -> dict[str, NodeTopology]:
+    fleet = SimulatedFleet(FleetConfig(nodes=EVERY_MODEL))
+    return {t.gpus[0].model: t for t in fleet.topology()}
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [("H100-SXM-80GB", H100), ("A100-SXM-40GB", A100), ("L40S-48GB", L40S), ("L4-24GB", L4)],
+)
+def test_layout_matrices(model: str, expected: list[list[str]]) -> None:
+    topology = fleet_topologies()[model]
+    table = topo_matrix(topology)
+    assert table == expected
+    assert all(table[i][j] == table[j][i] for i in range(len(table)) for j in range(len(table)))
+    assert [gpu.index for gpu in topology.gpus] == list(range(len(expected)))
+    assert [gpu.numa_node for gpu in topology.gpus] == EXPECTED_NUMA[model]
+    # NVLink peers are exactly the NV pairs, and symmetric.
+    for gpu in topology.gpus:
+        assert gpu.nvlink_peers == [j for j, label in enumerate(table[gpu.index]) if label.startswith("NV")]
+    assert len({gpu.uuid for gpu in topology.gpus}) == len(topology.gpus)
+
+
+def test_pcie_classes_agree_with_numa_nodes() -> None:
+    """SYS exactly when the pair crosses NUMA nodes (nvidia-smi's meaning), on every PCIe board."""
+    boards = [t for t in fleet_topologies().values() if not t.gpus[0].nvlink_peers]
+    plx = node_topology(
+        cluster="c",
+        node="plx",
+        spec=replace(GPU_SPECS["L40S-48GB"], pcie=PcieLayout(2, 2, 1)),
+        gpus_per_node=8,
+        namespace=uuid.NAMESPACE_URL,
+        at=START,
+    )
+    assert topo_matrix(plx) == PLX_TREE
+    for topology in [*boards, plx]:
+        numa = {gpu.index: gpu.numa_node for gpu in topology.gpus}
+        for key, label in topology.links.items():
+            a, b = (int(part) for part in key.split("-"))
+            assert (label == "SYS") == (numa[a] != numa[b]), (topology.node, key, label)
+
+
+def test_gpus_per_node_follows_the_server_type_and_the_override() -> None:
+    fleet = SimulatedFleet(FleetConfig(nodes={"L4-24GB": 1, "H100-SXM-80GB": 1}))
+    assert {t.node: len(t.gpus) for t in fleet.topology()} == {"l4-node-00": 4, "h100-node-00": 8}
+    wide = SimulatedFleet(FleetConfig(nodes={"L4-24GB": 1}, gpus_per_node_by_model={"L4-24GB": 8}))
+    assert [len(t.gpus) for t in wide.topology()] == [8]
+    with pytest.raises(ValueError, match="gpus_per_node_by_model"):
+        FleetConfig(gpus_per_node_by_model={"B300": 4})
+    with pytest.raises(ValueError, match="mig_gpus_per_node"):
+        FleetConfig(gpus_per_node_by_model={"A100-SXM-40GB": 2}, mig_gpus_per_node={"A100-SXM-40GB": 3})
+
+
+# -- the device plugin's choice ------------------------------------------------------------------------
+
+
+def links_of(model: str) -> LinkTable:
+    return LinkTable.from_topology(fleet_topologies()[model])
+
+
+@pytest.mark.parametrize(
+    ("model", "free", "k", "chosen"),
+    [
+        ("L40S-48GB", [1, 2, 3], 2, (2, 3)),  # the PIX pair, not the lowest indices (1, 2: SYS)
+        ("L40S-48GB", [0, 1, 2, 3, 5], 1, (5,)),  # GPU 5's switch partner is taken: keep both pairs whole
+        ("L40S-48GB", [0, 2, 4, 6], 2, (0, 2)),  # all SYS: lowest indices
+        ("L4-24GB", [0, 1, 2, 3], 2, (0, 1)),
+        ("L4-24GB", [0, 2, 3], 2, (2, 3)),
+        ("L4-24GB", [0, 2, 3], 1, (0,)),
+        ("L4-24GB", [1, 2, 3], 1, (1,)),
+        ("L4-24GB", [0, 1, 2, 3], 3, (0, 1, 2)),
+        ("H100-SXM-80GB", [3, 5, 6], 2, (3, 5)),  # NVSwitch: every set ties, lowest indices
+        ("A100-SXM-40GB", [2, 3, 4, 5, 6, 7], 4, (2, 3, 4, 5)),
+        ("H100-SXM-80GB", [0, 1], 3, None),  # not enough free
+    ],
+)
+def test_best_connected_free_set(model: str, free: list[int], k: int, chosen: tuple[int, ...] | None) -> None:
+    assert best_free_set(free, k, links_of(model)) == chosen
+
+
+def test_plx_tree_keeps_a_job_inside_one_switch_tree() -> None:
+    links = LinkTable.from_topology(
+        NodeTopology(
+            cluster="c",
+            node="n",
+            gpus=[],
+            links={f"{i}-{j}": PLX_TREE[i][j] for i in range(8) for j in range(i + 1, 8)},
+            at=START,
+        )
+    )
+    assert best_free_set(range(8), 4, links) == (0, 1, 2, 3)
+    assert best_free_set([0, 2, 3, 4, 5, 6, 7], 4, links) == (4, 5, 6, 7)  # PXB beats a SYS set
+    assert best_free_set([0, 2, 3, 4, 5, 6, 7], 2, links) == (2, 3)  # a PIX pair, leaving 4-7 whole
+
+
+def test_the_fleet_picks_what_the_extender_assumes_the_device_plugin_picks() -> None:
+    """Every free subset of every layout, every k: the fleet's choice is the set
+    scheduler_hooks.placement.best_set predicts (an independent implementation)."""
+    topologies = list(fleet_topologies().values())
+    compared = 0
+    for topology in topologies:
+        links = LinkTable.from_topology(topology)
+        indices = [gpu.index for gpu in topology.gpus]
+        for size in range(len(indices) + 1):
+            for free in itertools.combinations(indices, size):
+                node = NodeGpus.from_records(topology).with_allocated(set(indices) - set(free))
+                for k in range(1, size + 1):
+                    predicted = best_set(node, k)
+                    assert predicted is not None
+                    chosen = best_free_set(free, k, links)
+                    assert chosen == tuple(sorted(predicted[0])), (topology.node, free, k)
+                    compared += 1
+    # Σ over free sets of their size: n·2^(n-1) per board; three 8-GPU boards and one 4-GPU board.
+    assert compared == 3 * 8 * 2**7 + 4 * 2**3
+
+
+# -- allocation records over a run ---------------------------------------------------------------------
+
+SLICES = GPU_SPECS["A100-SXM-40GB"].mig_slices
+
+
+@pytest.fixture(scope="module")
+def run() -> list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]]:
+    """300 ten-minute windows of a fleet with every model (MIG on the A100s), busy enough to fill nodes."""
+    fleet = SimulatedFleet(
+        FleetConfig(seed=13, window_seconds=600, nodes=EVERY_MODEL, mig_gpus_per_node={"A100-SXM-40GB": 2})
+    )
+    windows = []
+    for _ in range(300):
+        start = fleet.clock
+        samples = fleet.step_dicts()
+        windows.append((start, samples, fleet.allocations()))
+    return windows
+
+
+def test_one_record_per_node_every_window(
+    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
+) -> None:
+    nodes = [t.node for t in SimulatedFleet(FleetConfig(nodes=EVERY_MODEL)).topology()]
+    for start, _, records in run:
+        assert [r.node for r in records] == nodes
+        assert {(r.cluster, r.at) for r in records} == {("sim-cluster", start + timedelta(seconds=600))}
+
+
+def test_allocations_never_overlap_nor_exceed_the_node(
+    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
+) -> None:
+    sizes = {t.node: len(t.gpus) for t in SimulatedFleet(FleetConfig(nodes=EVERY_MODEL)).topology()}
+    full = 0
+    for _, samples, records in run:
+        mig_pods = {s["pod_uid"] for s in samples if s["kind"] == "gpu" and s["mig_profile"] is not None}
+        for record in records:
+            whole: list[int] = []
+            slices: dict[int, int] = defaultdict(int)
+            for assignment in record.assignments:
+                assert set(assignment.gpu_indices) <= set(range(sizes[record.node]))
+                if assignment.pod_uid in mig_pods:
+                    (parent,) = assignment.gpu_indices
+                    slices[parent] += 1
+                else:
+                    whole.extend(assignment.gpu_indices)
+            assert len(whole) == len(set(whole)), record  # no GPU handed out twice
+            assert not set(whole) & set(slices)  # a MIG GPU is never handed out whole
+            assert all(count <= SLICES for count in slices.values())
+            held = len(set(whole) | set(slices))
+            assert held <= sizes[record.node]
+            full += held == sizes[record.node]
+    assert full > 0  # nodes do fill up
+
+
+def test_allocations_match_the_samples_pod_by_pod(
+    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
+) -> None:
+    mig_share = Decimal(1) / Decimal(SLICES)
+    for _, samples, records in run:
+        assigned = {
+            (r.node, a.namespace, a.pod, a.pod_uid): a for r in records for a in r.assignments
+        }
+        gpu_samples = [s for s in samples if s["kind"] == "gpu"]
+        assert len(assigned) == len(gpu_samples)  # one assignment per running pod, no more
+        for sample in gpu_samples:
+            assignment = assigned[(sample["node"], sample["namespace"], sample["pod"], sample["pod_uid"])]
+            assert assignment.container == "main"
+            indices = [int(i) for i in sample["labels"][GPUS_LABEL].split(",")]
+            assert assignment.gpu_indices == indices
+            if sample["mig_profile"] is None:
+                assert Decimal(sample["quantity"]) == len(indices)
+            else:
+                assert len(indices) == 1
+                assert abs(Decimal(sample["quantity"]) - mig_share) < Decimal("1e-12")
+
+
+def test_pcie_pods_get_connected_sets_and_keep_them(
+    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
+) -> None:
+    """A 2-GPU pod starting alone on an L4 node whose free GPUs include a whole PCIe switch gets
+    that PIX pair; a pod keeps its GPUs while it runs; a finished pod never comes back."""
+    held: dict[str, tuple[str, list[int]]] = {}  # running pod_uid -> node, indices
+    finished: set[str] = set()
+    checked = 0
+    for _, _, records in run:
+        current = {a.pod_uid: (r.node, a.gpu_indices) for r in records for a in r.assignments}
+        assert not finished & set(current)
+        for uid, where in current.items():
+            assert held.get(uid, where) == where, "a pod's GPUs never change while it runs"
+        for record in (r for r in records if r.node.startswith("l4-")):
+            new = [a for a in record.assignments if a.pod_uid not in held]
+            staying = {i for a in record.assignments if a.pod_uid in held for i in a.gpu_indices}
+            free = set(range(4)) - staying  # what the one new pod was placed from
+            if len(new) == 1 and len(new[0].gpu_indices) == 2 and ({0, 1} <= free or {2, 3} <= free):
+                a, b = new[0].gpu_indices
+                assert a // 2 == b // 2, (record.node, sorted(free), new[0].gpu_indices)  # PIX
+                checked += 1
+        finished |= set(held) - set(current)
+        held = current
+    assert checked > 0 and finished
+
+
+def test_an_idle_node_reports_an_empty_list() -> None:
+    fleet = SimulatedFleet(
+        FleetConfig(
+            nodes={"L4-24GB": 4},
+            tenants=(TenantSpec("solo", arrivals_per_hour=0.0, size_weights=(1.0, 0.0, 0.0, 0.0)),),
+            warm_start_jobs=1,
+            mig_gpus_per_node={},
+        )
+    )
+    assert [r.assignments for r in fleet.allocations()] == [[], [], [], []]  # before the first window
+    fleet.step()
+    records = fleet.allocations()
+    assert [len(r.assignments) for r in records] == [1, 0, 0, 0]
+    (pod,) = fleet.running_pods()
+    assert records[0].assignments[0].gpu_indices == pod["gpu_indices"] == [0]
+    fleet.evict(pod["pod_uid"])
+    fleet.step()
+    assert [r.assignments for r in fleet.allocations()] == [[], [], [], []]  # the freed GPU is free
+
+
+def test_dict_and_model_paths_agree_and_are_deterministic() -> None:
+    config = FleetConfig(seed=9, nodes=EVERY_MODEL)
+    one, two = SimulatedFleet(config), SimulatedFleet(config)
+    for _ in range(40):
+        one.step_dicts()
+        two.step_dicts()
+        dicts = one.allocation_dicts()
+        assert [jsonio.loads(jsonio.dumps(r.model_dump())) for r in two.allocations()] == dicts
+        assert [NodeAllocation.model_validate(d) for d in dicts] == two.allocations()
