@@ -175,11 +175,30 @@ def apply(
     stale_seconds: int = DEFAULT_STALE_SECONDS,
 ) -> tuple[TenantLedger, list[QuotaEvent]]:
     """Count ``usage`` once (a recently applied event_id is skipped), then evaluate crossings."""
-    if usage.tenant != ledger.tenant:
-        raise ValueError(f"usage of tenant {usage.tenant!r} applied to the ledger of {ledger.tenant!r}")
-    if usage.event_id not in ledger.recent_event_ids:
-        ledger = _count(ledger, usage)
-    return reevaluate(ledger, policy, now, stale_seconds)
+    return reevaluate(count(ledger, usage), policy, now, stale_seconds)
+
+
+def count(ledger: TenantLedger, usages: Usage | Iterable[Usage]) -> TenantLedger:
+    """Count each usage once (a recently counted event_id is skipped) without evaluating crossings.
+
+    For a batch (the samples of one Kafka record): count them all, then reevaluate() once.
+    Evaluating between the per-device samples of one window would see a multi-GPU pod's
+    hold drop to its first device and flap max_gpus (recovered, then exceeded again). One
+    call copies the ledger once, however many usages it counts.
+    """
+    batch = (usages,) if isinstance(usages, Usage) else tuple(usages)
+    for usage in batch:
+        if usage.tenant != ledger.tenant:
+            raise ValueError(f"usage of tenant {usage.tenant!r} applied to the ledger of {ledger.tenant!r}")
+    recent = set(ledger.recent_event_ids)
+    counted: list[Usage] = []
+    for usage in batch:
+        if usage.event_id not in recent:
+            recent.add(usage.event_id)
+            counted.append(usage)
+    if not counted:
+        return ledger
+    return _count(ledger, counted)
 
 
 def reevaluate(
@@ -294,38 +313,56 @@ def crossing_id(tenant: str, metric: QuotaMetric, scope: str, level: QuotaLevel,
     return hashlib.sha256(f"{tenant}|{metric}|{scope}|{level}|{threshold}|{generation}".encode()).hexdigest()
 
 
-def _count(ledger: TenantLedger, usage: Usage) -> TenantLedger:
-    gpu = usage.kind == "gpu"
-    periods = dict(ledger.periods)
-    pods = ledger.pods
+_Hold = tuple[datetime, datetime, Decimal]  # a pod's latest window and the quantity held in it
+
+
+def _count(ledger: TenantLedger, usages: list[Usage]) -> TenantLedger:
+    """Add ``usages`` (distinct, not counted before) to the period totals and the pods' holds."""
+    gpu_seconds: dict[str, Decimal] = {}
+    spend: dict[str, Decimal] = {}
+    keys: dict[datetime, tuple[str, ...]] = {}  # a batch shares few window starts
+    holds: dict[str, _Hold] = {}
     with exact():
-        # Both granularities are kept, so a reload switching month <-> day finds its totals.
-        for kind in _PERIOD_KINDS:
-            key = period_key(usage.window_start, kind)
+        for usage in usages:
+            gpu = usage.kind == "gpu"
+            # Both granularities are kept, so a reload switching month <-> day finds its totals.
+            periods_of = keys.get(usage.window_start)
+            if periods_of is None:
+                periods_of = keys[usage.window_start] = tuple(
+                    period_key(usage.window_start, kind) for kind in _PERIOD_KINDS)
+            for key in periods_of:
+                spend[key] = spend.get(key, _ZERO) + usage.list_cost
+                if gpu:
+                    gpu_seconds[key] = gpu_seconds.get(key, _ZERO) + usage.unit_seconds
+            if gpu:
+                _hold(holds, ledger.pods, usage)
+        periods = dict(ledger.periods)
+        for key, cost in spend.items():
             totals = periods.get(key, PeriodTotals())
             periods[key] = PeriodTotals(
-                gpu_unit_seconds=totals.gpu_unit_seconds + (usage.unit_seconds if gpu else _ZERO),
-                list_spend=totals.list_spend + usage.list_cost,
+                gpu_unit_seconds=totals.gpu_unit_seconds + gpu_seconds.get(key, _ZERO),
+                list_spend=totals.list_spend + cost,
             )
-        if gpu:
-            pods = _hold(pods, usage)
-    recent = (*ledger.recent_event_ids, usage.event_id)[-RECENT_EVENT_IDS:]
+    pods = dict(ledger.pods)
+    for uid, (start, end, quantity) in holds.items():
+        pods[uid] = PodWindow(window_start=start, window_end=end, quantity=quantity)
+    recent = (*ledger.recent_event_ids, *(usage.event_id for usage in usages))[-RECENT_EVENT_IDS:]
     return ledger.model_copy(update={"periods": periods, "pods": pods, "recent_event_ids": recent})
 
 
-def _hold(pods: dict[str, PodWindow], usage: Usage) -> dict[str, PodWindow]:
+def _hold(holds: dict[str, _Hold], stored: Mapping[str, PodWindow], usage: Usage) -> None:
     """Fold one gpu sample into its pod's latest window: same window sums, newer replaces."""
+    latest = holds.get(usage.pod_uid)
+    if latest is None and usage.pod_uid in stored:
+        pod = stored[usage.pod_uid]
+        latest = (pod.window_start, pod.window_end, pod.quantity)
     window = (usage.window_start, usage.window_end)
-    latest = pods.get(usage.pod_uid)
-    if latest is not None and window < (latest.window_start, latest.window_end):
-        return pods  # an older window: billed and counted, but no longer what the pod holds
+    if latest is not None and window < latest[:2]:
+        return  # an older window: billed and counted, but no longer what the pod holds
     quantity = usage.quantity
-    if latest is not None and window == (latest.window_start, latest.window_end):
-        quantity += latest.quantity
-    updated = dict(pods)
-    updated[usage.pod_uid] = PodWindow(window_start=usage.window_start, window_end=usage.window_end,
-                                       quantity=quantity)
-    return updated
+    if latest is not None and window == latest[:2]:
+        quantity += latest[2]
+    holds[usage.pod_uid] = (*window, quantity)
 
 
 def _close_past_periods(

@@ -168,10 +168,14 @@ class ClickHouseSink:
 
     def store_dead(self, rows: Sequence[Row]) -> StoreResult:
         """Dead letters are keyed by source position; the table's engine folds replays."""
+        return self.store_folded(DEAD_LETTERS, rows)
+
+    def store_folded(self, table: Table, rows: Sequence[Row]) -> StoreResult:
+        """Rows of a table whose engine folds a replayed row by its key (dead letters, quota events)."""
         with self._lock:
             try:
                 client = self._client_or_connect()
-                result = self._insert_splitting(client, DEAD_LETTERS, list(rows))
+                result = self._insert_splitting(client, table, list(rows))
             except Exception:
                 self.counters.failures += 1
                 self._reset()

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--speed", type=_positive_float, default=None,
                          help="simulated: windows per second (default: as fast as possible)")
 
-    worker = commands.add_parser("worker", help="stream processors (rating, sink)")
+    worker = commands.add_parser("worker", help="stream processors (rating, quotas, sink)")
     worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
 
     ingest = commands.add_parser("ingest", help="publish UsageSample lines from a file ('-' = stdin)")
@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     drain = commands.add_parser("drain", help="wait until everything published is rated and stored")
     drain.add_argument("--timeout", type=_positive_float, default=300.0)
+
+    quota = commands.add_parser("quota", help="tenant quotas: usage against limits")
+    quota_commands = quota.add_subparsers(dest="quota_command", required=True, parser_class=_Parser)
+    quota_status = quota_commands.add_parser("status", help="each tenant's usage, limits and state")
+    quota_status.add_argument("--tenant", help="one tenant (default: every tenant with a policy or usage)")
+    quota_status.add_argument("--at", help="evaluate at this RFC 3339 time (default: the quota clock)")
+    quota_status.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
@@ -91,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("local", "up"), "down": ("local", "down"), "status": ("local", "status"),
     "worker": ("worker", "run"), "ingest": ("ingest", "run"), "drain": ("drain", "run"),
+    "quota": ("quota", "run"),
     "invoice": ("invoice", "run"), "collect": ("collect", "run"), "demo": ("demo", "run"),
 }
 
