@@ -30,6 +30,7 @@ import logging
 import random
 import signal
 import threading
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -118,19 +119,23 @@ class BatchWriter:
     """Flushes a PendingBatch into ClickHouse, retrying transient failures with back-off.
 
     Rows the store refuses for good come back from it and go to ``on_rejected`` (which
-    dead-letters them) before their events are acknowledged. After ``stop()`` nothing more
+    dead-letters them, reason ``unstorable``), and later copies of a billed event_id that
+    differ from it to ``on_conflicts`` (``duplicate_conflict``), before their events are
+    acknowledged. After ``stop()`` nothing more
     is acknowledged: a batch not stored stays uncommitted and is replayed by the next owner.
     """
 
     def __init__(
         self, store: Callable[[Sequence[Row]], StoreResult], name: str, batch_size: int, max_backoff: float,
         on_rejected: Callable[[Rejected], Awaitable[None]] | None = None,
+        on_conflicts: Callable[[Rejected], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.name = name
         self.batch_size = batch_size
         self.max_backoff = max_backoff
         self.on_rejected = on_rejected
+        self.on_conflicts = on_conflicts
         self.pending = PendingBatch()
         self.stream: StreamT | None = None
         self._stopping = asyncio.Event()
@@ -161,6 +166,12 @@ class BatchWriter:
                                   len(result.rejected), result.rejected[0][1])
                     else:
                         await self.on_rejected(result.rejected)
+                if result.conflicts:
+                    if self.on_conflicts is None:
+                        log.error("%s: %d conflicting copies of billed event_ids not kept: %s", self.name,
+                                  len(result.conflicts), result.conflicts[0][1])
+                    else:
+                        await self.on_conflicts(result.conflicts)
             for event in self.pending.events:
                 await self.stream.ack(event)
             self.pending.rows, self.pending.events = [], []
@@ -427,16 +438,26 @@ def create_app(settings: Settings) -> WorkerApp:
     sink = ClickHouseSink(connector(settings.clickhouse.dsn))
     worker = settings.worker
 
-    async def dead_letter_unstorable(rejected: Rejected) -> None:
+    async def dead_letter_rows(rejected: Rejected, code: str, prefix: str) -> None:
         for row, reason in rejected:
             document = RATED_USAGE.as_mapping(row)
             raw = jsonio.dumpb(document)
-            dead = dead_letter(raw, "unstorable", f"ClickHouse refused the row: {reason}", samples_name,
-                               document["source_partition"], document["source_offset"])
+            # The row no longer knows its place in a multi-sample record; a per-event_id index
+            # keeps two dead rows of one record apart in dead_letters (keyed by source position).
+            index = zlib.crc32(str(document["event_id"]).encode())
+            dead = dead_letter(raw, code, prefix + reason, samples_name,
+                               document["source_partition"], document["source_offset"], index=index)
             await dead_topic.send(key=str(document["tenant"]).encode(), value=encode_dead(dead))
 
+    async def dead_letter_unstorable(rejected: Rejected) -> None:
+        await dead_letter_rows(rejected, "unstorable", "ClickHouse refused the row: ")
+
+    async def dead_letter_conflicts(conflicts: Rejected) -> None:
+        await dead_letter_rows(conflicts, "duplicate_conflict", "")
+
     rated_writer = BatchWriter(sink.store_rated, "rated", worker.sink_batch_size,
-                               worker.sink_max_backoff_seconds, on_rejected=dead_letter_unstorable)
+                               worker.sink_max_backoff_seconds, on_rejected=dead_letter_unstorable,
+                               on_conflicts=dead_letter_conflicts)
     dead_writer = BatchWriter(sink.store_dead, "dead letters", worker.sink_batch_size,
                               worker.sink_max_backoff_seconds)
 

@@ -1,9 +1,20 @@
 """Batch writer of rated samples and dead letters into ClickHouse.
 
-A batch is stored exactly once: duplicates inside it and event_ids already in the table are
-dropped before the insert, and after an ambiguous failure (timeout, server gone) the retry
-starts with that check again, so a batch that did land is not inserted twice. Offsets are
-committed by the caller only after ``store_*`` returned.
+A batch is stored exactly once, and each event_id is billed once whatever differs between
+its copies (contract 1):
+
+1. inside the batch the first copy of an id wins; a later copy with the same billing fields
+   is a duplicate, one with other fields a conflict;
+2. the ids are looked up by key in ``event_ids`` (first stored copy of every id, any tenant,
+   any month): same fields, a duplicate; other fields, a conflict, returned in
+   ``StoreResult.conflicts`` for the caller to dead-letter (reason ``duplicate_conflict``);
+3. the remaining rows are checked against rated_usage on its time-local key (rows of this
+   very batch inserted before an ambiguous failure: their ids are written to event_ids only
+   after the rows), inserted, and then their ids recorded in event_ids.
+
+After an ambiguous failure (timeout, server gone) the retry starts again at 1, so a batch
+that did land is not inserted twice. Offsets are committed by the caller only after
+``store_*`` returned.
 
 Failures are of two kinds. A *transient* one (server away, timeout, overload, a missing
 table an operator must restore) is raised, and the caller retries the whole batch. A
@@ -22,7 +33,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from clickhouse_connect.driver.client import Client
@@ -31,7 +42,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 from gpumeter.core import jsonio
 from gpumeter.core.models import RatedUsage
 from gpumeter.infra import clickhouse
-from gpumeter.infra.schema import DEAD_LETTERS, RATED_USAGE
+from gpumeter.infra.schema import DEAD_LETTERS, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from gpumeter.infra.tables import Table
 
 log = logging.getLogger(__name__)
@@ -80,7 +91,39 @@ def first_line(exc: BaseException) -> str:
 @dataclass
 class StoreResult:
     stored: int = 0
+    # Rows the engine refuses (dead letter ``unstorable``), with the reason.
     rejected: list[tuple[Row, str]] = field(default_factory=list)
+    # Later copies of a billed event_id that differ from it (dead letter ``duplicate_conflict``).
+    conflicts: list[tuple[Row, str]] = field(default_factory=list)
+
+
+_ID = RATED_USAGE.insert_columns.index("event_id")
+_TENANT = RATED_USAGE.insert_columns.index("tenant")
+_PERIOD = RATED_USAGE.insert_columns.index("period")
+_WINDOW_START = RATED_USAGE.insert_columns.index("window_start")
+_FINGERPRINT = tuple(RATED_USAGE.insert_columns.index(name) for name in FINGERPRINT_COLUMNS)
+_EVENT_ID_ROW = (_ID, *_FINGERPRINT, _PERIOD)
+
+
+def _utc_naive(value: Any) -> Any:
+    """Datetimes compared by their UTC instant, whatever tz-awareness the client gave them."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(UTC).replace(tzinfo=None)
+    return value
+
+
+def fingerprint(values: Sequence[Any]) -> tuple[Any, ...]:
+    """Billing fields of a rated row (or of an event_ids row without its id and period)."""
+    return tuple(_utc_naive(value) for value in values)
+
+
+def row_fingerprint(row: Row) -> tuple[Any, ...]:
+    return fingerprint([row[i] for i in _FINGERPRINT])
+
+
+def conflict_reason(event_id: str, first: Sequence[Any], later: Sequence[Any]) -> str:
+    differing = [name for name, a, b in zip(FINGERPRINT_COLUMNS, first, later, strict=True) if a != b]
+    return f"event_id {event_id} was already billed with different {', '.join(differing)}"
 
 
 class BadRecord(ValueError):
@@ -108,6 +151,7 @@ class SinkCounters:
     skipped_duplicates: int = 0
     failures: int = 0
     unstorable: int = 0
+    conflicts: int = 0
 
 
 class ClickHouseSink:
@@ -144,27 +188,69 @@ class ClickHouseSink:
 
     def _store_rated(self, rows: Sequence[Row]) -> StoreResult:
         client = self._client_or_connect()
+        result = StoreResult()
         unique: dict[str, Row] = {}
         for row in rows:
-            unique.setdefault(row[0], row)  # first occurrence wins, as in the rating stage
+            first = unique.setdefault(row[_ID], row)  # first occurrence wins, as in the rating stage
+            if first is not row and row_fingerprint(first) != row_fingerprint(row):
+                result.conflicts.append(
+                    (row, conflict_reason(row[_ID], row_fingerprint(first), row_fingerprint(row))))
         if not unique:
-            return StoreResult()
-        tenants = sorted({row[1] for row in unique.values()})
-        periods = sorted({row[2] for row in unique.values()})
-        stored = client.query(
+            return result
+        for event_id, billed in self._billed(client, list(unique)).items():
+            row = unique.pop(event_id)
+            if billed != row_fingerprint(row):
+                result.conflicts.append((row, conflict_reason(event_id, billed, row_fingerprint(row))))
+        already = self._already_inserted(client, list(unique.values()))
+        fresh = [row for event_id, row in unique.items() if event_id not in already]
+        inserted = self._insert_splitting(client, RATED_USAGE, fresh)
+        refused = {id(row) for row, _ in inserted.rejected}
+        # Ids are recorded only once their rows are in: a crash in between is caught by
+        # _already_inserted on the retry, never by skipping a row that was not stored.
+        recorded = [row for row in unique.values() if id(row) not in refused]
+        if recorded:
+            client.insert(EVENT_IDS.name, [tuple(row[i] for i in _EVENT_ID_ROW) for row in recorded],
+                          column_names=list(EVENT_IDS.insert_columns))
+        result.stored = inserted.stored
+        result.rejected = inserted.rejected
+        self.counters.skipped_duplicates += len(rows) - len(fresh) - len(result.conflicts)
+        self.counters.conflicts += len(result.conflicts)
+        self.counters.batches += 1
+        self.counters.stored += inserted.stored
+        self.counters.unstorable += len(inserted.rejected)
+        return result
+
+    def _billed(self, client: Client, ids: list[str]) -> dict[str, tuple[Any, ...]]:
+        """Billing fields of the first stored copy of each id that has one (key lookups)."""
+        found = client.query(
+            f"SELECT event_id, {', '.join(FINGERPRINT_COLUMNS)} FROM {EVENT_IDS.name} "
+            "WHERE event_id IN %(ids)s",
+            parameters={"ids": ids}, settings=QUERY_SETTINGS,
+        ).result_rows
+        return {row[0]: fingerprint(row[1:]) for row in found}
+
+    def _already_inserted(self, client: Client, rows: list[Row]) -> set[str]:
+        """Ids of these rows already in rated_usage (inserted before an ambiguous failure or a
+        crash, ahead of their event_ids entries). Asked for every batch and almost always
+        empty; the (tenant, window_start) key prefix keeps it inside the batch's own windows."""
+        if not rows:
+            return set()
+        starts = [_utc_naive(row[_WINDOW_START]) for row in rows]
+        found = client.query(
             "SELECT event_id FROM rated_usage WHERE period IN %(periods)s AND tenant IN %(tenants)s "
+            "AND window_start BETWEEN toDateTime64(%(first)s, 6, 'UTC') AND toDateTime64(%(last)s, 6, 'UTC') "
             "AND event_id IN %(ids)s",
-            parameters={"periods": periods, "tenants": tenants, "ids": list(unique)},
+            parameters={
+                "periods": sorted({row[_PERIOD] for row in rows}),
+                "tenants": sorted({row[_TENANT] for row in rows}),
+                # Text with microseconds: a datetime parameter may be rendered to the second.
+                "first": min(starts).isoformat(sep=" ", timespec="microseconds"),
+                "last": max(starts).isoformat(sep=" ", timespec="microseconds"),
+                "ids": [row[_ID] for row in rows],
+            },
             settings=QUERY_SETTINGS,
         ).result_rows
-        for (event_id,) in stored:
-            unique.pop(event_id, None)
-        self.counters.skipped_duplicates += len(rows) - len(unique)
-        result = self._insert_splitting(client, RATED_USAGE, list(unique.values()))
-        self.counters.batches += 1
-        self.counters.stored += result.stored
-        self.counters.unstorable += len(result.rejected)
-        return result
+        return {event_id for (event_id,) in found}
 
     def store_dead(self, rows: Sequence[Row]) -> StoreResult:
         """Dead letters are keyed by source position; the table's engine folds replays."""

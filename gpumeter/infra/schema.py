@@ -4,12 +4,17 @@ The rating worker writes them; pricing, reconciliation and dashboards read them.
 in infra because both a component (streams) and the domain (pricing) use them.
 
 Idempotency by event_id is layered:
-1. the sink removes event_ids that are already stored (anti-join) and duplicates inside a
-   batch before it inserts, so rated_usage and its hourly rollup never count a sample twice
-   in normal operation, retries included;
-2. rated_usage is a ReplacingMergeTree ordered by (tenant, event_id), and invoice queries
-   read it with FINAL: even a duplicate that slipped past (1), e.g. two sink instances racing
-   during a rebalance, is billed once.
+1. ``event_ids`` (EmbeddedRocksDB, a key-value table keyed by event_id) remembers the billing
+   fields of the first stored copy of every id. The sink looks a batch's ids up there by key:
+   the cost is one point lookup per id, whatever the month-to-date row count, and it finds
+   the id in any tenant and any month. Same fields: a duplicate, skipped; other fields: a
+   ``duplicate_conflict`` dead letter (contract 1: the first stored copy wins).
+2. rated_usage is ordered by (tenant, window_start, event_id): time-local, so the sink's
+   retry check (rows of this batch already inserted before an ambiguous failure, whose ids
+   had not reached event_ids yet) touches only the granules of the batch's own windows.
+3. rated_usage is a ReplacingMergeTree and invoice queries read it with FINAL: an exact
+   duplicate that slipped past (1) and (2), e.g. two sink instances racing during a
+   rebalance, shares its sort key (copies share window_start) and is billed once.
 """
 
 from __future__ import annotations
@@ -51,7 +56,23 @@ RATED_USAGE = Table(
     ),
     engine="ReplacingMergeTree",
     partition_by="period",
-    order_by="(tenant, event_id)",
+    order_by="(tenant, window_start, event_id)",
+)
+
+# The fields two copies of one event_id must agree on (the rating stage's fingerprint).
+FINGERPRINT_COLUMNS = ("tenant", "kind", "window_start", "window_end", "quantity", "unit_seconds",
+                       "gpu_model", "mig_profile", "capacity_type")
+
+EVENT_IDS = Table(
+    name="event_ids",
+    columns=(
+        Column("event_id", "String"),
+        *(RATED_USAGE.column(name) for name in FINGERPRINT_COLUMNS),
+        Column("period", "String"),
+    ),
+    engine="EmbeddedRocksDB",
+    order_by=None,
+    primary_key="event_id",
 )
 
 DEAD_LETTERS = Table(
@@ -157,6 +178,22 @@ PIPELINE = SchemaOwner(
         )),
         Migration(3, "quota events and preemption decisions", (
             QUOTA_EVENTS.create_sql(), PREEMPTIONS.create_sql(),
+        )),
+        # Copy-and-exchange: ORDER BY cannot be altered in place. Run it with the workers
+        # stopped (`gpumeter worker` migrates before it consumes). The hourly rollup keeps its
+        # rows: the view is detached while the copy is made, so nothing is counted twice.
+        # Every step can be re-run after a failure part-way.
+        Migration(4, "rated usage ordered by (tenant, window_start, event_id); event_ids by key", (
+            "DROP VIEW IF EXISTS usage_hourly_mv",
+            RATED_USAGE.create_sql("rated_usage_rekeyed"),
+            "TRUNCATE TABLE IF EXISTS rated_usage_rekeyed",
+            "INSERT INTO rated_usage_rekeyed SELECT * FROM rated_usage",
+            "EXCHANGE TABLES rated_usage AND rated_usage_rekeyed",
+            "DROP TABLE IF EXISTS rated_usage_rekeyed",
+            USAGE_HOURLY_MV,
+            EVENT_IDS.create_sql(),
+            f"INSERT INTO event_ids SELECT event_id, {', '.join(FINGERPRINT_COLUMNS)}, period "
+            "FROM rated_usage FINAL",
         )),
     ),
 )

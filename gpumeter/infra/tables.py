@@ -36,8 +36,10 @@ class Table:
     name: str
     columns: tuple[Column, ...]
     engine: str
-    order_by: str
+    order_by: str | None
     partition_by: str | None = None
+    # Key-value engines (EmbeddedRocksDB) take a PRIMARY KEY and no ORDER BY.
+    primary_key: str | None = None
     _getter: Callable[[Any], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -57,12 +59,17 @@ class Table:
                 return column
         raise KeyError(f"table {self.name} has no column {name}")
 
-    def create_sql(self) -> str:
+    def create_sql(self, name: str | None = None) -> str:
+        """The CREATE statement; ``name`` creates a twin (e.g. for a copy-and-exchange migration)."""
         body = ",\n    ".join(column.ddl for column in self.columns)
-        sql = f"CREATE TABLE IF NOT EXISTS {self.name} (\n    {body}\n)\nENGINE = {self.engine}\n"
+        sql = f"CREATE TABLE IF NOT EXISTS {name or self.name} (\n    {body}\n)\nENGINE = {self.engine}"
+        if self.primary_key is not None:
+            sql += f"\nPRIMARY KEY {self.primary_key}"
         if self.partition_by is not None:
-            sql += f"PARTITION BY {self.partition_by}\n"
-        return sql + f"ORDER BY {self.order_by}"
+            sql += f"\nPARTITION BY {self.partition_by}"
+        if self.order_by is not None:
+            sql += f"\nORDER BY {self.order_by}"
+        return sql
 
     def row_of(self, record: Any) -> tuple[Any, ...]:
         """An object's attributes named like the insert columns, in their order."""

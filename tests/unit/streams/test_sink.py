@@ -3,19 +3,22 @@
 FakeClickHouseClient behaves like clickhouse-connect's HTTP client where the sink relies on
 it: ``insert`` of a batch holding a value outside its column raises DataError for the whole
 batch (as the real client does while encoding), a server that is away raises
-OperationalError, and a server-side refusal is DatabaseError carrying "Code: N".
+OperationalError, and a server-side refusal is DatabaseError carrying "Code: N". Its
+``event_ids`` behaves like the EmbeddedRocksDB table: one row per key, the last write wins.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 
-from gpumeter.infra.schema import RATED_USAGE
+from gpumeter.infra.schema import EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from streams.app import BatchWriter
 from streams.sink import ClickHouseSink, Row, StoreResult, is_permanent
 
@@ -28,14 +31,20 @@ class FakeResult:
 
 
 class FakeClickHouseClient:
-    def __init__(self, down_for: int = 0, server_error: str | None = None) -> None:
+    def __init__(self, down_for: int = 0, server_error: str | None = None,
+                 event_ids_down_for: int = 0) -> None:
         self.tables: dict[str, list[Row]] = {"rated_usage": [], "dead_letters": []}
+        self.event_ids: dict[str, Row] = {}
         self.down_for = down_for
+        self.event_ids_down_for = event_ids_down_for
         self.server_error = server_error
         self.inserts = 0
 
     def query(self, sql: str, parameters: dict[str, Any], settings: dict[str, Any]) -> FakeResult:
         wanted = set(parameters["ids"])
+        if "FROM event_ids" in sql:
+            width = 1 + len(FINGERPRINT_COLUMNS)
+            return FakeResult([stored[:width] for key, stored in self.event_ids.items() if key in wanted])
         return FakeResult([(row[0],) for row in self.tables["rated_usage"] if row[0] in wanted])
 
     def insert(self, table: str, rows: Sequence[Row], column_names: list[str]) -> None:
@@ -45,6 +54,13 @@ class FakeClickHouseClient:
             raise OperationalError("HTTPConnectionPool(host='127.0.0.1', port=8123): connection refused")
         if self.server_error is not None:
             raise DatabaseError(self.server_error)
+        if table == EVENT_IDS.name:
+            if self.event_ids_down_for > 0:
+                self.event_ids_down_for -= 1
+                raise OperationalError("connection reset by peer")
+            assert column_names == list(EVENT_IDS.insert_columns)
+            self.event_ids.update((stored[0], stored) for stored in rows)
+            return
         for row in rows:
             if not -(2**31) <= row[PRIORITY] < 2**31:
                 raise DataError("Unable to create native array for column `priority`: error")
@@ -54,9 +70,15 @@ class FakeClickHouseClient:
         pass
 
 
-def row(event_id: str, priority: int = 0) -> Row:
+START = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def row(event_id: str, priority: int = 0, **changes: Any) -> Row:
     values: dict[str, Any] = dict.fromkeys(RATED_USAGE.insert_columns)
-    values.update(event_id=event_id, tenant="team-a", period="2026-11", priority=priority)
+    values.update(event_id=event_id, tenant="team-a", period="2026-11", priority=priority, kind="gpu",
+                  window_start=START, window_end=START + timedelta(hours=1), quantity=Decimal(1),
+                  unit_seconds=Decimal(3600), gpu_model="H100-SXM-80GB", capacity_type="on-demand")
+    values.update(changes)
     return tuple(values[column] for column in RATED_USAGE.insert_columns)
 
 
@@ -126,6 +148,69 @@ def test_a_retry_after_a_partial_split_does_not_store_twice() -> None:
     assert first.stored == 7
     assert second.stored == 0
     assert len(client.tables["rated_usage"]) == 7
+
+
+CONFLICTING = {
+    "another-month": {"period": "2026-12", "window_start": START + timedelta(days=30),
+                      "window_end": START + timedelta(days=30, hours=1)},
+    "another-tenant": {"tenant": "team-b"},
+    "another-quantity": {"quantity": Decimal(3), "unit_seconds": Decimal(10800)},
+    "another-capacity-type": {"capacity_type": "spot"},
+}
+
+
+@pytest.mark.parametrize("changes", CONFLICTING.values(), ids=CONFLICTING.keys())
+def test_a_later_copy_that_differs_is_a_conflict_and_the_first_stays(changes: dict[str, Any]) -> None:
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    first = row("e1")
+    sink.store_rated([first])
+    later = sink.store_rated([row("e1", **changes), row("e2")])
+    assert later.stored == 1
+    assert [(r[0], r) for r, _ in later.conflicts] == [("e1", row("e1", **changes))]
+    assert [r for r in client.tables["rated_usage"] if r[0] == "e1"] == [first]
+    assert sink.counters.conflicts == 1
+
+
+def test_an_identical_later_copy_is_a_silent_duplicate() -> None:
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    sink.store_rated([row("e1")])
+    later = sink.store_rated([row("e1")])
+    assert (later.stored, later.conflicts, later.rejected) == (0, [], [])
+    assert len(client.tables["rated_usage"]) == 1
+    assert sink.counters.skipped_duplicates == 1
+
+
+def test_a_differing_copy_in_the_same_batch_loses_to_the_first() -> None:
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    result = sink.store_rated([row("e1"), row("e1", tenant="team-b"), row("e1")])
+    assert result.stored == 1
+    assert [r[1] for r, _ in result.conflicts] == ["team-b"]
+    assert "tenant" in result.conflicts[0][1]
+    assert [r[1] for r in client.tables["rated_usage"]] == ["team-a"]
+
+
+def test_rows_stored_before_their_ids_were_recorded_are_not_stored_again() -> None:
+    """A failure between the two inserts: the retry finds the rows on rated_usage's own key."""
+    client = FakeClickHouseClient(event_ids_down_for=1)
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    rows = [row(f"e{i}") for i in range(3)]
+    with pytest.raises(OperationalError):
+        sink.store_rated(rows)
+    assert len(client.tables["rated_usage"]) == 3 and client.event_ids == {}
+    retried = sink.store_rated(rows)
+    assert retried.stored == 0
+    assert len(client.tables["rated_usage"]) == 3
+    assert sorted(client.event_ids) == ["e0", "e1", "e2"]
+
+
+def test_refused_rows_are_not_recorded_as_billed() -> None:
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    sink.store_rated([row("e1", priority=3_000_000_000), row("e2")])
+    assert sorted(client.event_ids) == ["e2"]
 
 
 class FakeStream:

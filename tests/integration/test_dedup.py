@@ -1,0 +1,154 @@
+"""The same event_id is billed once, whatever differs between its copies (contract 1, amended).
+
+On the real broker and the real ClickHouse engine, through the worker. Each copy below
+arrives after a worker restart, so the rating stage's in-memory window has forgotten the
+id: only the store can tell. Before event_ids (and with rated_usage keyed by tenant and
+event_id) the sink's anti-join looked for the id in the new copy's own tenant and month
+only, so a copy with another month or tenant was billed a second time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core.settings import Settings
+from gpumeter.infra import clickhouse
+from gpumeter.infra.schema import PIPELINE, RATED_USAGE
+from testkit.builders import sample
+from tests.integration.invoice_checks import count_rows, publish_lines
+from tests.services import run_cli
+
+pytestmark = pytest.mark.integration
+
+FIRST = sample("gpu-hour-1", tenant="team-a", start="2026-11-30T23:00:00Z", seconds=3600, quantity="1")
+COPIES: dict[str, dict[str, Any]] = {
+    # The issue's case: re-sent after a restart with a December window and quantity 3.
+    "december-and-quantity-3": sample("gpu-hour-1", tenant="team-a", start="2026-12-01T00:00:00Z",
+                                      seconds=3600, quantity="3"),
+    "another-tenant": sample("gpu-hour-1", tenant="team-b", start="2026-11-30T23:00:00Z", seconds=3600,
+                             quantity="1"),
+    "another-quantity": sample("gpu-hour-1", tenant="team-a", start="2026-11-30T23:00:00Z", seconds=3600,
+                               quantity="2"),
+}
+
+
+def run_through_worker(settings: Settings, worker_factory: Callable[..., WorkerProcess],
+                       lines: list[dict[str, Any]]) -> None:
+    worker = worker_factory(settings)
+    publish_lines(settings, [json.dumps(line).encode() for line in lines])
+    drained = run_cli(settings, "drain", "--timeout", "120")
+    assert drained.returncode == 0, drained.stderr
+    worker.stop()
+
+
+def billed(settings: Settings) -> list[tuple[str, str, Decimal]]:
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        rows = client.query(
+            "SELECT tenant, period, sum(unit_seconds) FROM rated_usage FINAL "
+            "WHERE event_id = 'gpu-hour-1' GROUP BY tenant, period ORDER BY tenant, period").result_rows
+    finally:
+        client.close()
+    return [(tenant, period, Decimal(seconds)) for tenant, period, seconds in rows]
+
+
+@pytest.mark.parametrize("copy", COPIES.values(), ids=COPIES.keys())
+def test_a_differing_copy_after_a_restart_is_a_conflict_and_the_first_stays_billed(
+    settings: Settings, worker_factory: Callable[..., WorkerProcess], copy: dict[str, Any]
+) -> None:
+    run_through_worker(settings, worker_factory, [FIRST])
+    run_through_worker(settings, worker_factory, [copy])  # a new worker: nothing in memory
+
+    # One GPU for one hour in November, as first sent; nothing anywhere else.
+    assert billed(settings) == [("team-a", "2026-11", Decimal(3600))]
+    assert count_rows(settings, "SELECT count() FROM dead_letters FINAL WHERE event_id = 'gpu-hour-1' "
+                                "AND reason_code = 'duplicate_conflict'") == 1
+    # The rollup finance reads agrees with the base table.
+    assert count_rows(settings, "SELECT sum(samples) FROM usage_hourly") == 1
+
+
+def test_an_identical_copy_after_a_restart_is_billed_once_and_is_no_dead_letter(
+    settings: Settings, worker_factory: Callable[..., WorkerProcess]
+) -> None:
+    run_through_worker(settings, worker_factory, [FIRST])
+    run_through_worker(settings, worker_factory, [dict(FIRST)])
+
+    assert billed(settings) == [("team-a", "2026-11", Decimal(3600))]
+    assert count_rows(settings, "SELECT count() FROM dead_letters FINAL") == 0
+    assert count_rows(settings, "SELECT count() FROM rated_usage") == 1  # not even an unmerged copy
+    assert count_rows(settings, "SELECT sum(samples) FROM usage_hourly") == 1
+
+
+def test_two_differing_copies_in_one_batch_first_wins(
+    settings: Settings, worker_factory: Callable[..., WorkerProcess]
+) -> None:
+    run_through_worker(settings, worker_factory, [FIRST, COPIES["december-and-quantity-3"]])
+
+    assert billed(settings) == [("team-a", "2026-11", Decimal(3600))]
+    assert count_rows(settings, "SELECT count() FROM dead_letters FINAL WHERE event_id = 'gpu-hour-1' "
+                                "AND reason_code = 'duplicate_conflict'") == 1
+
+
+OLD_KEY_RATED_USAGE = RATED_USAGE.create_sql().replace(
+    "ORDER BY (tenant, window_start, event_id)", "ORDER BY (tenant, event_id)")
+
+
+def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None:
+    """A database at pipeline migration 3 (rated_usage keyed by tenant, event_id) with rows."""
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        for table in ("usage_hourly_mv", "event_ids", "rated_usage", "usage_hourly"):
+            client.command(f"DROP TABLE IF EXISTS {table}")
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 4")
+        client.command(OLD_KEY_RATED_USAGE)
+        migration_1 = next(m for m in PIPELINE.migrations if m.version == 1)
+        for statement in migration_1.statements[1:]:  # dead letters, rollup and its view as shipped
+            client.command(statement)
+        assert "ORDER BY (tenant, event_id)" in clickhouse.scalar(
+            client, "SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
+                    "AND name = 'rated_usage'")
+        # 3 tenants x 2 months x 500 rows, inserted the way the sink does (the view fills the rollup).
+        client.command(
+            "INSERT INTO rated_usage (event_id, tenant, period, kind, cluster, node, namespace, pod, pod_uid, "
+            "window_start, window_end, quantity, unit_seconds, gpu_model, mig_profile, capacity_type, priority, "
+            "rate_card, currency, unit_price, capacity_multiplier, list_cost, utilization, energy_joules, labels, "
+            "source_partition, source_offset) "
+            "SELECT concat('e', toString(number)), concat('t', toString(number % 3)), "
+            "if(number % 2 = 0, '2026-11', '2026-12'), 'gpu', 'c', 'n', 'ns', 'p', 'u', "
+            "if(number % 2 = 0, toDateTime64('2026-11-05 00:00:00', 6, 'UTC'), "
+            "toDateTime64('2026-12-05 00:00:00', 6, 'UTC')) + toIntervalSecond(number * 60), "
+            "if(number % 2 = 0, toDateTime64('2026-11-05 00:01:00', 6, 'UTC'), "
+            "toDateTime64('2026-12-05 00:01:00', 6, 'UTC')) + toIntervalSecond(number * 60), "
+            "1, 60, 'H100-SXM-80GB', NULL, 'on-demand', 0, '2026-11', 'USD', 2.5, 1, 0.041666666666666667, "
+            "NULL, NULL, map(), 0, number FROM numbers(3000)")
+        before = client.query("SELECT tenant, period, count(), sum(unit_seconds) FROM rated_usage "
+                              "GROUP BY tenant, period ORDER BY tenant, period").result_rows
+        rollup_before = client.query("SELECT tenant, period, sum(samples), sum(unit_seconds) FROM usage_hourly "
+                                     "GROUP BY tenant, period ORDER BY tenant, period").result_rows
+
+        applied = clickhouse.migrate(client, [PIPELINE])
+        assert applied == ["pipeline/4"]
+
+        after = client.query("SELECT tenant, period, count(), sum(unit_seconds) FROM rated_usage "
+                             "GROUP BY tenant, period ORDER BY tenant, period").result_rows
+        rollup_after = client.query("SELECT tenant, period, sum(samples), sum(unit_seconds) FROM usage_hourly "
+                                    "GROUP BY tenant, period ORDER BY tenant, period").result_rows
+        assert len(before) == 6 and sum(row[2] for row in before) == 3000
+        assert after == before
+        assert rollup_after == rollup_before  # the copy did not pass through the rollup's view
+        assert clickhouse.scalar(client, "SELECT count() FROM event_ids") == 3000
+        assert "ORDER BY (tenant, window_start, event_id)" in clickhouse.scalar(
+            client, "SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
+                    "AND name = 'rated_usage'")
+        # The view is attached again: a new row reaches the rollup once.
+        client.command("INSERT INTO rated_usage SELECT * REPLACE ('new' AS event_id) "
+                       "FROM (SELECT * FROM rated_usage WHERE event_id = 'e0')")
+        assert clickhouse.scalar(client, "SELECT sum(samples) FROM usage_hourly") == 3001
+    finally:
+        client.close()
