@@ -17,14 +17,14 @@ from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core import topics
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, kafka
-from tests.integration.test_pipeline import (
+from testkit.builders import random_samples
+from tests.integration.invoice_checks import (
     assert_invoices_match,
     count_rows,
     expected_invoices,
     produced_invoices,
     publish_lines,
 )
-from tests.integration.usage_files import make_samples
 from tests.services import Endpoints, isolated_settings, run_cli, start_local_clickhouse, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -55,7 +55,7 @@ def test_clickhouse_outage_mid_stream(endpoints: Endpoints, own_clickhouse: Loca
     schema.migrate(client)
     client.close()
 
-    valid = make_samples(seed=31, count=9000)
+    valid = random_samples(seed=31, count=9000)
     lines = [json.dumps(s).encode() for s in valid]
     worker = worker_factory(settings)
     publish_lines(settings, lines[:4000])

@@ -14,7 +14,7 @@ import pytest
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
-from tests.integration.usage_files import big_h100_user
+from testkit.builders import big_h100_user
 from tests.services import REPO, free_port, run_cli
 
 pytestmark = pytest.mark.integration
@@ -28,10 +28,14 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["invoice", "--tenant", "t", "--period", "2026-13"], "period must be YYYY-MM"),
-        (["invoice", "--period", "2026-11"], "one of the arguments --tenant --all-tenants is required"),
-        (["frobnicate"], "invalid choice"),
-        (["drain", "--timeout", "-3"], "must be > 0"),
+        pytest.param(["invoice", "--tenant", "t", "--period", "2026-13"], "period must be YYYY-MM",
+                     id="invoice-month-13"),
+        pytest.param(
+            ["invoice", "--period", "2026-11"], "one of the arguments --tenant --all-tenants is required",
+            id="invoice-without-tenant",
+        ),
+        pytest.param(["frobnicate"], "invalid choice", id="unknown-command"),
+        pytest.param(["drain", "--timeout", "-3"], "must be > 0", id="drain-negative-timeout"),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(args: list[str], needle: str) -> None:
@@ -60,11 +64,17 @@ def test_bad_rate_card_exits_2(settings: Settings, tmp_path: Path) -> None:
     assert "capacity_multipliers is missing reserved, spot" in result.stderr
 
 
-def test_ingest_of_a_missing_file_and_pdf_format_exit_2(settings: Settings, tmp_path: Path) -> None:
+def test_ingest_of_a_missing_file_exits_2_and_pdf_is_a_format(settings: Settings, tmp_path: Path) -> None:
     missing = run_cli(settings, "ingest", str(tmp_path / "nope.jsonl"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
-    pdf = run_cli(settings, "invoice", "--tenant", "team-a", "--period", "2026-11", "--format", "pdf")
-    assert pdf.returncode == 2 and "PDF" in pdf.stderr
+    # team-a has a commitment in the default tenants file: a draft PDF even without usage.
+    pdf = run_cli(settings, "invoice", "--tenant", "team-a", "--period", "2026-11", "--format", "pdf",
+                  "--paper", "Letter", "--out", str(tmp_path / "pdf"))
+    assert pdf.returncode == 0, pdf.stderr
+    (written,) = (tmp_path / "pdf").glob("*.pdf")
+    assert written.name == "invoice-team-a-2026-11.pdf" and written.read_bytes().startswith(b"%PDF-")
+    paper = run_cli(settings, "invoice", "--tenant", "team-a", "--period", "2026-11", "--paper", "A3")
+    assert paper.returncode == 2 and "invalid choice: 'A3'" in paper.stderr
 
 
 def test_ingest_from_stdin(settings: Settings) -> None:
@@ -153,7 +163,9 @@ def test_finalized_invoice_never_changes_and_late_usage_is_an_adjustment(
     again = invoice("final-again")  # the finalized invoice is still what was issued... plus nothing new
     assert again == adjustment  # unfinalized adjustment is recomputed identically
     issued = invoice("issued-adjustment", "--finalize")
-    assert issued == {**adjustment, "status": "adjustment"}
+    # Issued: the same contract-4b figures, now numbered and referencing the final.
+    assert {key: issued[key] for key in adjustment} == adjustment
+    assert issued["adjusts"] == final["number"] and issued["number"] > final["number"]
     unchanged = invoice("after-all")
     assert unchanged["status"] == "adjustment" and Decimal(unchanged["total"]) == Decimal("190.00")
 

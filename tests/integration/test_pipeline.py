@@ -1,103 +1,43 @@
 """The backbone end to end on a real Kafka broker and a real ClickHouse engine.
 
 Expected invoices come from tests/unit/reference_billing.py, an independent Fraction-based
-implementation of contract 3 that shares no code with pricing/.
+implementation of contract 3 that shares no code with pricing/. The worker killed mid-stream
+is tests/chaos/test_worker_kill.py.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
-from gpumeter.core import topics
 from gpumeter.core.settings import Settings
-from gpumeter.infra import clickhouse, kafka
-from tests.integration.usage_files import (
-    MALFORMED,
-    big_h100_user,
-    load_cards_as_documents,
-    load_tenants_as_documents,
-    make_samples,
-    write_usage_file,
+from testkit.builders import OMIT, big_h100_user, random_samples, sample
+from tests.integration.invoice_checks import (
+    assert_invoices_match,
+    count_rows,
+    expected_invoices,
+    produced_invoices,
+    scrape,
 )
-from tests.services import free_port, run_cli, wait_until
-from tests.unit.reference_billing import reference_invoices
+from tests.integration.usage_files import MALFORMED, write_usage_file
+from tests.services import free_port, run_cli
 
 pytestmark = pytest.mark.integration
 
-NO_RATE_SAMPLE = {
-    "event_id": "before-any-card", "kind": "cpu", "cluster": "it", "node": "n", "tenant": "team-b",
-    "namespace": "team-b", "pod": "p", "pod_uid": "u", "window_start": "2026-09-30T23:00:00Z",
-    "window_end": "2026-09-30T23:30:00Z", "quantity": "2",
-}
-
-
-def expected_invoices(samples: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    return reference_invoices(samples, load_cards_as_documents(), load_tenants_as_documents())
-
-
-def produced_invoices(
-    settings: Settings, periods: set[str], out: Path
-) -> dict[tuple[str, str], dict[str, Any]]:
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-    for period in sorted(periods):
-        result = run_cli(settings, "invoice", "--all-tenants", "--period", period, "--format", "json",
-                         "--out", str(out))
-        assert result.returncode == 0, result.stderr
-    for path in out.glob("invoice-*.json"):
-        document = json.loads(path.read_text())
-        found[(document["tenant"], document["period"])] = document
-    return found
-
-
-def assert_invoices_match(produced: dict[tuple[str, str], dict[str, Any]],
-                          expected: dict[tuple[str, str], dict[str, Any]]) -> None:
-    for key, document in expected.items():
-        assert key in produced, f"no invoice for {key}"
-        assert produced[key] == document, f"invoice {key} differs from the reference"
-    # --all-tenants also bills tenants whose commitment applies without usage: nothing else.
-    for key in set(produced) - set(expected):
-        assert produced[key]["lines"] == [], key
-        assert produced[key]["subtotal"] == "0.00", key
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The worker's /metrics as {name{labels}: value}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines() if line and not line.startswith("#")
-    }
-
-
-def count_rows(settings: Settings, sql: str) -> int:
-    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
-    try:
-        return int(clickhouse.scalar(client, sql))
-    finally:
-        client.close()
-
-
-def publish_lines(settings: Settings, lines: list[bytes]) -> None:
-    producer = kafka.make_producer(settings.kafka)
-    topic = settings.kafka.topic(topics.SAMPLES)
-    for line in lines:
-        producer.send(topic, key=json.loads(line)["tenant"].encode(), value=line)
-    producer.flush(timeout=60)
-    producer.close()
+# Half an hour of cpu before the first rate card: the worker dead-letters it as no_rate.
+NO_RATE_SAMPLE = sample(
+    "before-any-card", kind="cpu", cluster="it", node="n", tenant="team-b", namespace="team-b", pod="p",
+    pod_uid="u", start="2026-09-30T23:00:00Z", end="2026-09-30T23:30:00Z", quantity="2", capacity_type=OMIT,
+)
 
 
 def test_ingest_with_duplicates_and_malformed_lines_bills_exactly(
     settings: Settings, worker_factory: Callable[..., WorkerProcess], tmp_path: Path
 ) -> None:
-    valid = make_samples(seed=11, count=2500) + big_h100_user(seed=11, windows=140) + [NO_RATE_SAMPLE]
+    valid = random_samples(seed=11, count=2500) + big_h100_user(seed=11, windows=140) + [NO_RATE_SAMPLE]
     usage = tmp_path / "usage.jsonl"
     write_usage_file(usage, valid, duplicates=300, seed=11)
 
@@ -144,7 +84,7 @@ def test_ingest_with_duplicates_and_malformed_lines_bills_exactly(
 
 def test_csv_export_carries_the_same_lines(settings: Settings, worker_factory: Callable[..., WorkerProcess],
                                            tmp_path: Path) -> None:
-    valid = make_samples(seed=5, count=300)
+    valid = random_samples(seed=5, count=300)
     usage = tmp_path / "usage.jsonl"
     write_usage_file(usage, valid, duplicates=0, seed=5)
     worker_factory(settings)
@@ -166,29 +106,3 @@ def test_csv_export_carries_the_same_lines(settings: Settings, worker_factory: C
     ]
     totals = {r["kind"]: r["amount"] for r in records if not r["rate_card"]}
     assert totals == {k: document[k] for k in ("subtotal", "commitment_true_up", "credits", "total")}
-
-
-@pytest.mark.chaos
-def test_worker_killed_mid_stream_loses_nothing_and_bills_nothing_twice(
-    settings: Settings, worker_factory: Callable[..., WorkerProcess], tmp_path: Path
-) -> None:
-    valid = make_samples(seed=23, count=12000)
-    lines = [json.dumps(s).encode() for s in valid]
-    publish_lines(settings, lines[:8000])
-    first = worker_factory(settings, "first")
-    wait_until(lambda: count_rows(settings, "SELECT count() FROM rated_usage") >= 1500, 180,
-               "the first worker stored nothing")
-    first.kill9()
-    stored_at_kill = count_rows(settings, "SELECT count() FROM rated_usage")
-    assert stored_at_kill < 8000, "the kill came too late to test anything"
-    # Everything again (as a restarted producer would replay), plus the rest.
-    publish_lines(settings, lines)
-    worker_factory(settings, "second")
-    drained = run_cli(settings, "drain", "--timeout", "300")
-    assert drained.returncode == 0, drained.stderr
-
-    assert count_rows(settings, "SELECT count() FROM rated_usage") == len(valid)
-    assert count_rows(settings, "SELECT uniqExact(event_id) FROM rated_usage") == len(valid)
-    expected = expected_invoices(valid)
-    produced = produced_invoices(settings, {p for _, p in expected}, tmp_path / "out")
-    assert_invoices_match(produced, expected)

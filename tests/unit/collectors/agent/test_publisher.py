@@ -1,9 +1,9 @@
-"""Publisher logic against an in-memory producer double (the real-broker test is test_spool_kafka.py)."""
+"""Publisher logic against an in-memory producer double (the real-broker test is
+tests/integration/test_agent_spool_kafka.py)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from gpumeter.core.models import NodeTopology, UsageSample, parse_sample
 from gpumeter.core.records import split
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.infra.kafka import KafkaUnavailable
+from testkit.builders import OMIT, usage_sample
 
 pytestmark = pytest.mark.agent
 
@@ -26,18 +27,11 @@ END = datetime(2026, 11, 3, 10, 15, 15, tzinfo=UTC)
 
 
 def sample(n: int, tenant: str = "team-a") -> UsageSample:
-    return UsageSample(
-        event_id=event_id("c", "n", f"uid-{n}", "cpu", "cpu", START),
-        kind="cpu",
-        cluster="c",
-        node="n",
-        tenant=tenant,
-        namespace=tenant,
-        pod=f"p{n}",
-        pod_uid=f"uid-{n}",
-        window_start=START,
-        window_end=END,
-        quantity=Decimal("1.5"),
+    """One agent window of 1.5 cpu for pod ``n``, with the agent's own event id."""
+    return usage_sample(
+        event_id("c", "n", f"uid-{n}", "cpu", "cpu", START), kind="cpu", cluster="c", node="n",
+        tenant=tenant, namespace=tenant, pod=f"p{n}", pod_uid=f"uid-{n}", start=START, end=END,
+        quantity="1.5", capacity_type=OMIT,
     )
 
 

@@ -326,13 +326,13 @@ def test_evict_and_admission_block() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"tenants": ("Team_A",)}, "does not match"),
-        ({"tenants": ("a", "a")}, "listed twice"),
-        ({"start": datetime(2026, 10, 30)}, "timezone-aware"),
-        ({"nodes": {"B200": 1}}, "unknown GPU model"),
-        ({"window_seconds": 7200}, "window_seconds"),
-        ({"mig_gpus_per_node": {"L40S-48GB": 1}}, "no MIG profile"),
-        ({"capacity_mix": {"spot": 0.0}}, "capacity_mix"),
+        pytest.param({"tenants": ("Team_A",)}, "does not match", id="tenant-not-a-tenant-name"),
+        pytest.param({"tenants": ("a", "a")}, "listed twice", id="tenant-twice"),
+        pytest.param({"start": datetime(2026, 10, 30)}, "timezone-aware", id="naive-start"),
+        pytest.param({"nodes": {"B200": 1}}, "unknown GPU model", id="unknown-gpu-model"),
+        pytest.param({"window_seconds": 7200}, "window_seconds", id="window-over-an-hour"),
+        pytest.param({"mig_gpus_per_node": {"L40S-48GB": 1}}, "no MIG profile", id="mig-on-l40s"),
+        pytest.param({"capacity_mix": {"spot": 0.0}}, "capacity_mix", id="capacity-mix-all-zero"),
     ],
 )
 def test_config_is_validated(overrides: dict[str, Any], message: str) -> None:

@@ -13,29 +13,18 @@ import pytest
 from gpumeter.core import jsonio
 from gpumeter.core.models import SampleRejected, UsageSample, parse_sample, utc_month
 from pricing.rating import Rater
-from tests.unit.billing_harness import card_set
+from testkit.builders import OMIT, card_set, sample
 
 
 def valid(**changes: Any) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "event_id": "ev-1",
-        "kind": "gpu",
-        "cluster": "c1",
-        "node": "node-1",
-        "tenant": "team-a",
-        "namespace": "ml",
-        "pod": "train-0",
-        "pod_uid": "7f1c",
-        "window_start": "2026-11-10T00:00:00Z",
-        "window_end": "2026-11-10T00:01:00Z",
-        "quantity": "1",
-        "gpu_model": "H100-SXM-80GB",
-    }
+    """A one-minute H100 sample without the optional fields (so their defaults are what is
+    tested), then ``changes`` set as given; a field changed to OMIT is left out."""
+    document = sample(
+        namespace="ml", pod="train-0", pod_uid="7f1c", end="2026-11-10T00:01:00Z",
+        capacity_type=OMIT, mig_profile=OMIT,
+    )
     document.update(changes)
-    return {key: value for key, value in document.items() if value is not DROP}
-
-
-DROP = object()
+    return {key: value for key, value in document.items() if value is not OMIT}
 
 
 def rejected(document: Any) -> SampleRejected:
@@ -59,7 +48,7 @@ def test_minimal_gpu_sample_and_defaults():
 
 @pytest.mark.parametrize("kind", ["cpu", "memory", "storage"])
 def test_non_gpu_kinds_without_gpu_model(kind):
-    sample = parse_sample(valid(kind=kind, gpu_model=DROP))
+    sample = parse_sample(valid(kind=kind, gpu_model=OMIT))
     assert sample.kind == kind
     assert sample.gpu_model is None
 
@@ -92,13 +81,14 @@ def test_capacity_types(capacity_type):
 @pytest.mark.parametrize(
     ("quantity", "expected"),
     [
-        ("0", Decimal(0)),
-        (0, Decimal(0)),
-        ("1.5", Decimal("1.5")),
-        (2, Decimal(2)),
-        ("0.000000000001", Decimal("1E-12")),  # 12 places: the maximum
-        ("999999999.999999999999", Decimal("999999999.999999999999")),  # just below 1e9
-        ("1e2", Decimal(100)),
+        pytest.param("0", Decimal(0), id="zero-string"),
+        pytest.param(0, Decimal(0), id="zero-number"),
+        pytest.param("1.5", Decimal("1.5"), id="fraction-string"),
+        pytest.param(2, Decimal(2), id="integer-number"),
+        pytest.param("0.000000000001", Decimal("1E-12"), id="12-places"),  # 12 places: the maximum
+        pytest.param("999999999.999999999999", Decimal("999999999.999999999999"),
+                     id="just-below-1e9"),
+        pytest.param("1e2", Decimal(100), id="exponent"),
     ],
 )
 def test_quantity_accepted(quantity, expected):
@@ -175,63 +165,67 @@ def test_unit_seconds_is_quantity_times_seconds():
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"kind": "tpu"}, "kind"),
-        ({"kind": "GPU"}, "kind"),
-        ({"event_id": ""}, "event_id"),
-        ({"event_id": DROP}, "event_id"),
-        ({"cluster": ""}, "cluster"),
-        ({"cluster": "   "}, "cluster"),
-        ({"node": " "}, "node"),
-        ({"namespace": "\t"}, "namespace"),
-        ({"pod": ""}, "pod"),
-        ({"pod_uid": "  "}, "pod_uid"),
-        ({"tenant": ""}, "tenant"),
-        ({"tenant": "   "}, "tenant"),
-        ({"tenant": "Team-A"}, "tenant"),
-        ({"tenant": "-team"}, "tenant"),
-        ({"tenant": "team_a"}, "tenant"),
-        ({"tenant": "team-a\n"}, "tenant"),
-        ({"tenant": "a" * 64}, "tenant"),
-        ({"tenant": DROP}, "tenant"),
-        ({"window_start": "yesterday"}, "window_start"),
-        ({"window_start": "2026-11-10"}, "window_start"),  # a date, no time
-        ({"window_start": "2026-13-10T00:00:00Z"}, "window_start"),
-        ({"window_start": "2026-11-10T00:00:00"}, "window_start"),  # naive
-        ({"window_end": "2026-11-10T00:01:00"}, "window_end"),  # naive
-        ({"window_start": 1794268800}, "window_start"),  # epoch numbers are not RFC 3339
-        ({"window_start": DROP}, "window_start"),
-        ({"window_end": "2026-11-10T00:00:00Z"}, "window_end"),  # end == start
-        ({"window_end": "2026-11-09T23:59:59Z"}, "window_end"),  # end < start
-        ({"window_end": "2026-11-10T01:00:00.000001Z"}, "window"),  # 3600.000001 s
-        ({"window_end": "2026-11-10T02:00:00Z"}, "window"),
-        ({"quantity": "-1"}, "quantity"),
-        ({"quantity": "-0.000001"}, "quantity"),
-        ({"quantity": ""}, "quantity"),
-        ({"quantity": "abc"}, "quantity"),
-        ({"quantity": "NaN"}, "quantity"),
-        ({"quantity": "Infinity"}, "quantity"),
-        ({"quantity": "-inf"}, "quantity"),
-        ({"quantity": True}, "quantity"),
-        ({"quantity": None}, "quantity"),
-        ({"quantity": [1]}, "quantity"),
-        ({"quantity": "0.0000000000001"}, "quantity"),  # 13 places
-        ({"quantity": "1000000000"}, "quantity"),  # 1e9
-        ({"quantity": 10**12}, "quantity"),
-        ({"quantity": DROP}, "quantity"),
-        ({"gpu_model": DROP}, "gpu_model"),
-        ({"gpu_model": None}, "gpu_model"),
-        ({"gpu_model": ""}, "gpu_model"),
-        ({"kind": "cpu"}, "gpu_model"),  # gpu_model forbidden for cpu
-        ({"kind": "memory", "gpu_model": DROP, "mig_profile": "1g.5gb"}, "mig_profile"),
-        ({"capacity_type": "preemptible"}, "capacity_type"),
-        ({"priority": "5"}, "priority"),
-        ({"priority": 1.5}, "priority"),
-        ({"utilization": -0.1}, "utilization"),
-        ({"power_watts": "-1"}, "power_watts"),
-        ({"labels": {"a": 1}}, "labels"),
-        ({"labels": ["a"]}, "labels"),
-        ({"surprise": 1}, "surprise"),
-        ({"unit_seconds": "1"}, "unit_seconds"),
+        pytest.param({"kind": "tpu"}, "kind", id="kind-unknown"),
+        pytest.param({"kind": "GPU"}, "kind", id="kind-upper-case"),
+        pytest.param({"event_id": ""}, "event_id", id="event_id-empty"),
+        pytest.param({"event_id": OMIT}, "event_id", id="event_id-missing"),
+        pytest.param({"cluster": ""}, "cluster", id="cluster-empty"),
+        pytest.param({"cluster": "   "}, "cluster", id="cluster-blank"),
+        pytest.param({"node": " "}, "node", id="node-blank"),
+        pytest.param({"namespace": "\t"}, "namespace", id="namespace-tab"),
+        pytest.param({"pod": ""}, "pod", id="pod-empty"),
+        pytest.param({"pod_uid": "  "}, "pod_uid", id="pod_uid-blank"),
+        pytest.param({"tenant": ""}, "tenant", id="tenant-empty"),
+        pytest.param({"tenant": "   "}, "tenant", id="tenant-blank"),
+        pytest.param({"tenant": "Team-A"}, "tenant", id="tenant-upper-case"),
+        pytest.param({"tenant": "-team"}, "tenant", id="tenant-leading-dash"),
+        pytest.param({"tenant": "team_a"}, "tenant", id="tenant-underscore"),
+        pytest.param({"tenant": "team-a\n"}, "tenant", id="tenant-trailing-newline"),
+        pytest.param({"tenant": "a" * 64}, "tenant", id="tenant-64-chars"),
+        pytest.param({"tenant": OMIT}, "tenant", id="tenant-missing"),
+        pytest.param({"window_start": "yesterday"}, "window_start", id="window_start-words"),
+        # a date, no time
+        pytest.param({"window_start": "2026-11-10"}, "window_start", id="window_start-date-only"),
+        pytest.param({"window_start": "2026-13-10T00:00:00Z"}, "window_start", id="window_start-month-13"),
+        pytest.param({"window_start": "2026-11-10T00:00:00"}, "window_start", id="window_start-naive"),
+        pytest.param({"window_end": "2026-11-10T00:01:00"}, "window_end", id="window_end-naive"),
+        # epoch numbers are not RFC 3339
+        pytest.param({"window_start": 1794268800}, "window_start", id="window_start-epoch-number"),
+        pytest.param({"window_start": OMIT}, "window_start", id="window_start-missing"),
+        pytest.param({"window_end": "2026-11-10T00:00:00Z"}, "window_end", id="window_end-equals-start"),
+        pytest.param({"window_end": "2026-11-09T23:59:59Z"}, "window_end", id="window_end-before-start"),
+        # 3600.000001 s
+        pytest.param({"window_end": "2026-11-10T01:00:00.000001Z"}, "window", id="window-an-hour-and-1us"),
+        pytest.param({"window_end": "2026-11-10T02:00:00Z"}, "window", id="window-two-hours"),
+        pytest.param({"quantity": "-1"}, "quantity", id="quantity-negative"),
+        pytest.param({"quantity": "-0.000001"}, "quantity", id="quantity-negative-tiny"),
+        pytest.param({"quantity": ""}, "quantity", id="quantity-empty"),
+        pytest.param({"quantity": "abc"}, "quantity", id="quantity-words"),
+        pytest.param({"quantity": "NaN"}, "quantity", id="quantity-nan-string"),
+        pytest.param({"quantity": "Infinity"}, "quantity", id="quantity-infinity-string"),
+        pytest.param({"quantity": "-inf"}, "quantity", id="quantity-minus-inf-string"),
+        pytest.param({"quantity": True}, "quantity", id="quantity-bool"),
+        pytest.param({"quantity": None}, "quantity", id="quantity-null"),
+        pytest.param({"quantity": [1]}, "quantity", id="quantity-list"),
+        pytest.param({"quantity": "0.0000000000001"}, "quantity", id="quantity-13-places"),
+        pytest.param({"quantity": "1000000000"}, "quantity", id="quantity-1e9"),
+        pytest.param({"quantity": 10**12}, "quantity", id="quantity-1e12-number"),
+        pytest.param({"quantity": OMIT}, "quantity", id="quantity-missing"),
+        pytest.param({"gpu_model": OMIT}, "gpu_model", id="gpu_model-missing"),
+        pytest.param({"gpu_model": None}, "gpu_model", id="gpu_model-null"),
+        pytest.param({"gpu_model": ""}, "gpu_model", id="gpu_model-empty"),
+        pytest.param({"kind": "cpu"}, "gpu_model", id="gpu_model-on-cpu"),  # gpu_model forbidden for cpu
+        pytest.param({"kind": "memory", "gpu_model": OMIT, "mig_profile": "1g.5gb"}, "mig_profile",
+                     id="mig_profile-on-memory"),
+        pytest.param({"capacity_type": "preemptible"}, "capacity_type", id="capacity_type-unknown"),
+        pytest.param({"priority": "5"}, "priority", id="priority-string"),
+        pytest.param({"priority": 1.5}, "priority", id="priority-fraction"),
+        pytest.param({"utilization": -0.1}, "utilization", id="utilization-negative"),
+        pytest.param({"power_watts": "-1"}, "power_watts", id="power_watts-negative"),
+        pytest.param({"labels": {"a": 1}}, "labels", id="labels-non-string-value"),
+        pytest.param({"labels": ["a"]}, "labels", id="labels-list"),
+        pytest.param({"surprise": 1}, "surprise", id="unknown-field"),
+        pytest.param({"unit_seconds": "1"}, "unit_seconds", id="unit_seconds-is-derived"),
     ],
 )
 def test_rejected_with_reason_naming_the_field(changes, field):
@@ -271,17 +265,17 @@ def test_several_problems_are_all_named():
 @pytest.mark.parametrize(
     ("raw", "code"),
     [
-        (b"not json", "not_json"),
-        (b"", "not_json"),
-        (b"{", "not_json"),
-        (b"\xff\xfe{}", "not_json"),  # not UTF-8
-        (b'{"quantity": NaN}', "not_json"),
-        (b'{"quantity": Infinity}', "not_json"),
-        (b'{"quantity": -Infinity}', "not_json"),
-        (b"[1, 2]", "not_object"),
-        (b'"a string"', "not_object"),
-        (b"42", "not_object"),
-        (b"null", "not_object"),
+        pytest.param(b"not json", "not_json", id="words"),
+        pytest.param(b"", "not_json", id="empty"),
+        pytest.param(b"{", "not_json", id="unclosed-brace"),
+        pytest.param(b"\xff\xfe{}", "not_json", id="not-utf8"),
+        pytest.param(b'{"quantity": NaN}', "not_json", id="nan"),
+        pytest.param(b'{"quantity": Infinity}', "not_json", id="infinity"),
+        pytest.param(b'{"quantity": -Infinity}', "not_json", id="minus-infinity"),
+        pytest.param(b"[1, 2]", "not_object", id="array"),
+        pytest.param(b'"a string"', "not_object", id="string"),
+        pytest.param(b"42", "not_object", id="number"),
+        pytest.param(b"null", "not_object", id="null"),
     ],
 )
 def test_not_a_json_object(raw, code):
@@ -327,14 +321,16 @@ def test_non_rfc3339_timestamps_are_rejected(timestamp):
 @pytest.mark.parametrize(
     ("start", "end"),
     [
-        ("9999-12-31T23:00:00-01:00", "9999-12-31T23:30:00-01:00"),  # UTC instant is in year 10000
-        ("0001-01-01T00:00:00+01:00", "0001-01-01T00:30:00+01:00"),  # UTC instant is in year 0
+        # UTC instant is in year 10000
+        pytest.param("9999-12-31T23:00:00-01:00", "9999-12-31T23:30:00-01:00", id="utc-in-year-10000"),
+        # UTC instant is in year 0
+        pytest.param("0001-01-01T00:00:00+01:00", "0001-01-01T00:30:00+01:00", id="utc-in-year-0"),
     ],
 )
 def test_timestamps_outside_the_utc_range_are_rejected_not_crashing(start, end):
     """A sample must either be rejected by parse_sample (SampleRejected, dead-lettered) or be
     rateable; a bare OverflowError later (UTC month, rating) would stop a stream processor."""
-    document = valid(kind="cpu", gpu_model=DROP, window_start=start, window_end=end)
+    document = valid(kind="cpu", gpu_model=OMIT, window_start=start, window_end=end)
     try:
         sample = parse_sample(document)
     except SampleRejected as exc:
@@ -345,7 +341,7 @@ def test_timestamps_outside_the_utc_range_are_rejected_not_crashing(start, end):
     assert sample.period_month  # the invoice month of an accepted sample can always be computed
 
 
-@pytest.mark.parametrize("quantity", ["1_000", "١٢"])  # digit separators, Arabic-Indic digits
+@pytest.mark.parametrize("quantity", ["1_000", "١٢"], ids=["digit-separator", "arabic-indic-digits"])
 def test_quantity_must_be_a_plain_decimal_string(quantity):
     assert "quantity" in rejected(valid(quantity=quantity)).reason
 
@@ -380,7 +376,11 @@ def test_jsonio_refuses_non_standard_constants(text):
         jsonio.loads(text)
 
 
-@pytest.mark.parametrize("data", [b"\xc3\x28", b"{'a': 1}", b"{} {}", b"[" * 100_000])
+@pytest.mark.parametrize(
+    "data",
+    [b"\xc3\x28", b"{'a': 1}", b"{} {}", b"[" * 100_000],
+    ids=["invalid-utf8", "single-quotes", "two-documents", "nested-100000-deep"],
+)
 def test_jsonio_errors_are_json_input_errors(data):
     with pytest.raises(jsonio.JSONInputError):
         jsonio.loads(data)

@@ -10,8 +10,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from testkit.builders import A100, CARDS, H100, L4, TENANTS, sample
 from tests.unit import reference_billing as ref
-from tests.unit.billing_harness import A100, CARDS, H100, L4, TENANTS, documents, normalise, run_pipeline
+from tests.unit.pricing.billing_harness import documents, normalise, run_pipeline
 
 PROPERTY_SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -71,23 +72,15 @@ def usage_sample(
     ceiling = draw(st.sampled_from([10, 3000, 15000, 15000, 60000]))
     quantity = draw(st.decimals(min_value=0, max_value=ceiling, places=draw(st.integers(0, 6))))
     as_int = quantity == quantity.to_integral_value() and draw(st.booleans())
-    document: dict[str, Any] = {
-        "event_id": event_id,
-        "kind": kind,
-        "cluster": "c1",
-        "node": draw(st.sampled_from(["n1", "n2"])),
-        "tenant": draw(st.sampled_from(tenants)),
-        "namespace": "ns",
-        "pod": "p",
-        "pod_uid": "u",
-        "window_start": start.isoformat(),
-        "window_end": (start + length).isoformat(),
-        "quantity": int(quantity) if as_int else f"{quantity:f}",
-        "capacity_type": draw(st.sampled_from(capacities)),
-    }
-    if kind == "gpu":
-        document["gpu_model"], document["mig_profile"] = draw(st.sampled_from(models))
-    return document
+    node = draw(st.sampled_from(["n1", "n2"]))
+    tenant = draw(st.sampled_from(tenants))
+    capacity_type = draw(st.sampled_from(capacities))
+    gpu_model, mig_profile = draw(st.sampled_from(models)) if kind == "gpu" else (None, None)
+    return sample(
+        event_id, kind=kind, node=node, tenant=tenant, pod="p", pod_uid="u", start=start.isoformat(),
+        end=(start + length).isoformat(), quantity=int(quantity) if as_int else f"{quantity:f}",
+        capacity_type=capacity_type, gpu_model=gpu_model, mig_profile=mig_profile,
+    )
 
 
 @st.composite

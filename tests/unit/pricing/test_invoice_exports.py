@@ -15,18 +15,9 @@ import pytest
 
 from pricing.exports import CSV_COLUMNS, invoice_csv, invoice_json, write_invoice
 from pricing.invoice import Invoice, InvoiceStatus, adjustment, build_invoice
+from testkit.builders import A100, CARDS, H100, L4, card_set, sample, tenants_file
 from tests.unit import reference_billing as ref
-from tests.unit.billing_harness import (
-    A100,
-    CARDS,
-    H100,
-    L4,
-    aggregate,
-    card_set,
-    run_pipeline,
-    sample,
-    tenants_file,
-)
+from tests.unit.pricing.billing_harness import aggregate, run_pipeline
 
 TOP_KEYS = [
     "tenant", "period", "currency", "status", "lines", "subtotal", "commitment_true_up", "credits", "total",

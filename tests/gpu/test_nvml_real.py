@@ -1,4 +1,10 @@
-"""The real NVML source on a machine with an NVIDIA GPU and driver (skipped elsewhere, with the reason)."""
+"""The real NVML source on a machine with an NVIDIA GPU and driver.
+
+Only a GPU node runs these: elsewhere NVML cannot start and both tests are SKIPPED, which
+covers nothing (the agent's NVML logic is covered by tests/unit/collectors/agent/
+test_nvml_source.py against a declared stand-in, not by these). Run on a GPU node with
+``.venv/bin/pytest tests/gpu -rs``; the skip reason says why they did not run.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ def source() -> Iterator[NvmlSource]:
     try:
         real.start()
     except NvmlUnavailable as exc:
-        pytest.skip(f"no NVIDIA driver: {exc}")
+        pytest.skip(f"NOT RUN, NOT COVERED: needs a real NVIDIA GPU and driver; NVML did not start ({exc})")
     try:
         yield real
     finally:

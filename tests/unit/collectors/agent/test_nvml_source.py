@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -37,9 +38,10 @@ def a100_mig_gpu() -> StandInGpu:
     )
 
 
-def test_inventory_lists_gpus_and_mig_instances_with_profiles() -> None:
+def test_inventory_lists_gpus_and_mig_instances_with_profiles(tmp_path: Path) -> None:
     standin = NvmlStandIn([*nvswitch_node(2), a100_mig_gpu()])
-    with NvmlSource(nvml=standin) as source:
+    # x86: NVML has no NUMA node for the GPU, the kernel's PCI device does.
+    with NvmlSource(nvml=standin, sys_root=standin.write_sysfs(tmp_path)) as source:
         inventory = source.inventory
     assert [g.index for g in inventory] == [0, 1, 2]
     h100 = inventory[0]
@@ -173,8 +175,9 @@ def test_init_failure_raises_nvml_unavailable() -> None:
         source.start()
 
 
-def test_topology_nvswitch_board_is_all_to_all_nv18() -> None:
-    source = NvmlSource(nvml=NvmlStandIn(nvswitch_node(8)))
+def test_topology_nvswitch_board_is_all_to_all_nv18(tmp_path: Path) -> None:
+    standin = NvmlStandIn(nvswitch_node(8))
+    source = NvmlSource(nvml=standin, sys_root=standin.write_sysfs(tmp_path))
     source.start()
     topology = source.topology("prod", "gpu-node-1")
     assert topology.node == "gpu-node-1" and len(topology.gpus) == 8

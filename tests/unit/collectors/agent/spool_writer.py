@@ -1,7 +1,7 @@
 """Subprocess for the kill -9 test: appends numbered records in batches, printing each acknowledged batch.
 
-``python -m tests.agent.spool_writer DIR`` prints ``acked <last record number>`` after every
-``Spool.append`` returned (i.e. after its fsync), forever, until killed.
+``python -m tests.unit.collectors.agent.spool_writer DIR`` prints ``acked <last record number>``
+after every ``Spool.append`` returned (i.e. after its fsync), forever, until killed.
 """
 
 from __future__ import annotations

@@ -100,12 +100,15 @@ def test_time_sliced_replicas_hold_a_share_of_the_gpu(socket_path: Path) -> None
     assert len(by_device(allocations)["GPU-aaaa"]) == 2
 
 
-def test_old_kubelet_without_allocatable_counts_replicas_as_whole(socket_path: Path) -> None:
+def test_old_kubelet_without_allocatable_never_bills_a_replica_as_a_whole_gpu(socket_path: Path) -> None:
+    # Replica ::1 exists, so the device has at least two: the share is at most 1/2, asked once.
     lister = Lister([PodSpec("t", "p", [ContainerSpec("c", {"nvidia.com/gpu": ["GPU-aaaa::1"]})])])
     lister.allocatable_unimplemented = True
     with serve(socket_path, lister), PodResourcesClient(str(socket_path)) as client:
         allocations = client.gpu_allocations()
-    assert [a.share for a in allocations] == [Decimal(1)]
+        client.gpu_allocations()
+    assert [a.share for a in allocations] == [Decimal("0.5")]
+    assert lister.allocatable_calls == 1
 
 
 def test_wire_method_path_is_the_kubelets(socket_path: Path) -> None:

@@ -16,22 +16,9 @@ from gpumeter.core.models import SampleRejected, parse_sample
 from gpumeter.core.ratecard import load_rate_cards
 from pricing.invoice import build_invoice
 from pricing.rating import Rater
+from testkit.builders import A100, CARD_NOV, CARD_OCT, CARDS, H100, L4, TENANTS, card_set, sample
 from tests.unit import reference_billing as ref
-from tests.unit.billing_harness import (
-    A100,
-    CARD_NOV,
-    CARD_OCT,
-    CARDS,
-    H100,
-    L4,
-    TENANTS,
-    aggregate,
-    card_set,
-    documents,
-    normalise,
-    run_pipeline,
-    sample,
-)
+from tests.unit.pricing.billing_harness import aggregate, documents, normalise, run_pipeline
 
 
 def check(
@@ -255,14 +242,15 @@ def test_no_card_yet_is_rejected_with_code_no_rate():
     ("start", "period", "card", "amount"),
     [
         # exactly at the boundary: card 2026-11, 1 H100 hour x 2.50
-        ("2026-11-01T00:00:00Z", "2026-11", "2026-11", "2.50"),
-        ("2026-11-01T00:00:00+00:00", "2026-11", "2026-11", "2.50"),
-        ("2026-11-01T08:00:00+08:00", "2026-11", "2026-11", "2.50"),
-        ("2026-10-31T19:00:00-05:00", "2026-11", "2026-11", "2.50"),
+        pytest.param("2026-11-01T00:00:00Z", "2026-11", "2026-11", "2.50", id="at-switch-z"),
+        pytest.param("2026-11-01T00:00:00+00:00", "2026-11", "2026-11", "2.50", id="at-switch-utc-offset"),
+        pytest.param("2026-11-01T08:00:00+08:00", "2026-11", "2026-11", "2.50", id="at-switch-plus8"),
+        pytest.param("2026-10-31T19:00:00-05:00", "2026-11", "2026-11", "2.50", id="at-switch-minus5"),
         # one microsecond before: card 2026-10 (2.75) and October
-        ("2026-10-31T23:59:59.999999Z", "2026-10", "2026-10", "2.75"),
-        ("2026-11-01T07:59:59.999999+08:00", "2026-10", "2026-10", "2.75"),
-        ("2026-10-31T18:59:59.999999-05:00", "2026-10", "2026-10", "2.75"),
+        pytest.param("2026-10-31T23:59:59.999999Z", "2026-10", "2026-10", "2.75", id="1us-before-z"),
+        pytest.param("2026-11-01T07:59:59.999999+08:00", "2026-10", "2026-10", "2.75", id="1us-before-plus8"),
+        pytest.param("2026-10-31T18:59:59.999999-05:00", "2026-10", "2026-10", "2.75",
+                     id="1us-before-minus5"),
     ],
 )
 def test_card_switch_at_effective_from(start, period, card, amount):
@@ -314,14 +302,20 @@ def test_cards_given_out_of_order_are_selected_by_effective_from():
 @pytest.mark.parametrize(
     ("start", "period"),
     [
-        ("2026-12-01T05:00:00+08:00", "2026-11"),  # = 2026-11-30T21:00Z
-        ("2026-12-01T07:59:59.999999+08:00", "2026-11"),
-        ("2026-12-01T08:00:00+08:00", "2026-12"),  # = 2026-12-01T00:00Z
-        ("2026-11-30T20:00:00-05:00", "2026-12"),  # = 2026-12-01T01:00Z
-        ("2026-11-30T18:59:59.999999-05:00", "2026-11"),
-        ("2026-11-30T23:30:00Z", "2026-11"),  # straddles midnight: month of window_start
-        ("2026-12-31T23:30:00-05:00", "2027-01"),  # = 2027-01-01T04:30Z, still card 2026-11
-        ("2027-01-01T01:00:00+05:30", "2026-12"),  # = 2026-12-31T19:30Z
+        # = 2026-11-30T21:00Z
+        pytest.param("2026-12-01T05:00:00+08:00", "2026-11", id="plus8-local-december-utc-november"),
+        pytest.param("2026-12-01T07:59:59.999999+08:00", "2026-11", id="plus8-1us-before-december-utc"),
+        # = 2026-12-01T00:00Z
+        pytest.param("2026-12-01T08:00:00+08:00", "2026-12", id="plus8-first-instant-of-december-utc"),
+        # = 2026-12-01T01:00Z
+        pytest.param("2026-11-30T20:00:00-05:00", "2026-12", id="minus5-local-november-utc-december"),
+        pytest.param("2026-11-30T18:59:59.999999-05:00", "2026-11", id="minus5-1us-before-december-utc"),
+        # straddles midnight: month of window_start
+        pytest.param("2026-11-30T23:30:00Z", "2026-11", id="window-straddling-midnight"),
+        # = 2027-01-01T04:30Z, still card 2026-11
+        pytest.param("2026-12-31T23:30:00-05:00", "2027-01", id="minus5-new-year-utc"),
+        # = 2026-12-31T19:30Z
+        pytest.param("2027-01-01T01:00:00+05:30", "2026-12", id="plus5h30-new-year-local-only"),
     ],
 )
 def test_utc_month_attribution(start, period):
@@ -501,7 +495,7 @@ def test_fractional_quantities_and_microsecond_windows():
 
 def test_shipped_default_cards_match_the_reference():
     """The shipped default cards, loaded by load_rate_cards, price like the reference does."""
-    folder = Path(__file__).resolve().parents[2] / "gpumeter" / "defaults" / "ratecards"
+    folder = Path(__file__).resolve().parents[3] / "gpumeter" / "defaults" / "ratecards"
     loaded = load_rate_cards(folder)
     # The same files as plain dicts (read without floats, as the project reads YAML).
     plain = [read_yaml(path) for path in sorted(folder.glob("*.yaml"))]
@@ -524,11 +518,19 @@ def test_shipped_default_cards_match_the_reference():
 @pytest.mark.parametrize(
     "doc",
     [
-        sample("e1", quantity="1234.5"),  # tiered: first band price 2.50, no tiers applied
-        sample("e2", quantity="20000", capacity_type="spot"),
-        sample("e3", gpu_model=A100, mig_profile="1g.5gb", quantity="0.333333", seconds=7),
-        sample("e4", kind="storage", gpu_model=None, quantity="1000.000001", seconds="3599.999999"),
-        sample("e5", start="2026-10-31T23:59:59.999999Z", capacity_type="reserved", quantity="3"),
+        # tiered: first band price 2.50, no tiers applied
+        pytest.param(sample("e1", quantity="1234.5"), id="h100-tiered-first-band"),
+        pytest.param(sample("e2", quantity="20000", capacity_type="spot"), id="h100-spot-past-two-edges"),
+        pytest.param(sample("e3", gpu_model=A100, mig_profile="1g.5gb", quantity="0.333333", seconds=7),
+                     id="a100-mig-7-seconds"),
+        pytest.param(
+            sample("e4", kind="storage", gpu_model=None, quantity="1000.000001", seconds="3599.999999"),
+            id="storage-microsecond-window",
+        ),
+        pytest.param(
+            sample("e5", start="2026-10-31T23:59:59.999999Z", capacity_type="reserved", quantity="3"),
+            id="reserved-last-microsecond-of-october",
+        ),
     ],
 )
 def test_streaming_list_cost_uses_first_band_price(doc):

@@ -17,7 +17,7 @@ from collectors.agent.spool import FILE_MAGIC, HEADER_BYTES, Spool, encode_recor
 
 pytestmark = pytest.mark.agent
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def records(n: int, size: int = 100, start: int = 0) -> list[bytes]:
@@ -160,7 +160,7 @@ def test_scan_never_invents_records(payloads: list[bytes], cut: int, flip: int) 
 def test_kill_9_keeps_every_acknowledged_record(tmp_path: Path) -> None:
     directory = tmp_path / "spool"
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.agent.spool_writer", str(directory)],
+        [sys.executable, "-m", "tests.unit.collectors.agent.spool_writer", str(directory)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

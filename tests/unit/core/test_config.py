@@ -16,6 +16,7 @@ from gpumeter.core.config_files import ConfigError, read_yaml
 from gpumeter.core.ratecard import Rate, RateCard, RateCardSet, load_rate_card, load_rate_cards
 from gpumeter.core.settings import load_settings
 from gpumeter.core.tenants import TenantPolicy, load_tenants
+from testkit.builders import rate_card
 
 CONTRACT_CARD = """\
 version: "2026-11"
@@ -37,18 +38,6 @@ rates:
 def write(path: Path, text: str) -> Path:
     path.write_text(textwrap.dedent(text), encoding="utf-8")
     return path
-
-
-def base_card(**changes: Any) -> dict[str, Any]:
-    card: dict[str, Any] = {
-        "version": "v1",
-        "currency": "USD",
-        "effective_from": "2026-11-01T00:00:00Z",
-        "capacity_multipliers": {"on-demand": "1", "reserved": "0.6", "spot": "0.35"},
-        "rates": [{"kind": "gpu", "unit_price": "1.80"}, {"kind": "cpu", "unit_price": "0.04"}],
-    }
-    card.update(changes)
-    return card
 
 
 def card_error(card: dict[str, Any]) -> str:
@@ -133,86 +122,110 @@ def test_unit_price_equal_to_first_tier_in_another_spelling_is_fine():
 @pytest.mark.parametrize(
     ("rate", "words"),
     [
-        (
+        pytest.param(
             {"kind": "gpu", "tiers": [{"up_to": 1000, "unit_price": "2"}, {"up_to": 500, "unit_price": "1"},
                                       {"up_to": None, "unit_price": "1"}]},
             "ascend",
+            id="tiers-not-ascending",
         ),
-        (
+        pytest.param(
             {"kind": "gpu", "tiers": [{"up_to": 1000, "unit_price": "2"}, {"up_to": 1000, "unit_price": "1"},
                                       {"up_to": None, "unit_price": "1"}]},
             "ascend",
+            id="tiers-repeat-an-edge",
         ),
-        (
+        pytest.param(
             {"kind": "gpu", "tiers": [{"up_to": None, "unit_price": "2"}, {"up_to": 10, "unit_price": "1"}]},
             "null",
+            id="open-tier-not-last",
         ),
-        (
+        pytest.param(
             {"kind": "gpu", "tiers": [{"up_to": 10, "unit_price": "2"}, {"up_to": 20, "unit_price": "1"}]},
             "null",
+            id="no-open-last-tier",
         ),
-        ({"kind": "gpu", "tiers": []}, "empty"),
-        (
+        pytest.param({"kind": "gpu", "tiers": []}, "empty", id="no-tiers"),
+        pytest.param(
             {"kind": "gpu", "unit_price": "2.40",
              "tiers": [{"up_to": 1000, "unit_price": "2.50"}, {"up_to": None, "unit_price": "2"}]},
             "first tier",
+            id="unit-price-not-first-tier",
         ),
-        ({"kind": "gpu", "mig_profile": "1g.5gb", "unit_price": "1"}, "gpu_model"),
-        ({"kind": "cpu", "gpu_model": "H100-SXM-80GB", "unit_price": "1"}, "gpu_model"),
-        ({"kind": "gpu"}, "unit_price"),
-        ({"kind": "gpu", "unit_price": "-1"}, "unit_price"),
-        ({"kind": "gpu", "unit_price": "abc"}, "unit_price"),
-        ({"kind": "gpu", "unit_price": 1.5}, "float"),
-        ({"kind": "tpu", "unit_price": "1"}, "kind"),
-        ({"kind": "gpu", "unit_price": "1", "discount": "0.1"}, "discount"),
-        (
+        pytest.param(
+            {"kind": "gpu", "mig_profile": "1g.5gb", "unit_price": "1"}, "gpu_model",
+            id="mig-profile-without-model",
+        ),
+        pytest.param(
+            {"kind": "cpu", "gpu_model": "H100-SXM-80GB", "unit_price": "1"}, "gpu_model",
+            id="cpu-with-gpu-model",
+        ),
+        pytest.param({"kind": "gpu"}, "unit_price", id="no-price"),
+        pytest.param({"kind": "gpu", "unit_price": "-1"}, "unit_price", id="negative-price"),
+        pytest.param({"kind": "gpu", "unit_price": "abc"}, "unit_price", id="price-not-a-number"),
+        pytest.param({"kind": "gpu", "unit_price": 1.5}, "float", id="price-as-float"),
+        pytest.param({"kind": "tpu", "unit_price": "1"}, "kind", id="unknown-kind"),
+        pytest.param({"kind": "gpu", "unit_price": "1", "discount": "0.1"}, "discount", id="unknown-field"),
+        pytest.param(
             {
                 "kind": "gpu",
                 "tiers": [{"up_to": 10, "unit_price": "1", "x": 1}, {"up_to": None, "unit_price": "1"}],
             },
             "x",
+            id="unknown-tier-field",
         ),
     ],
 )
 def test_invalid_rates_rejected(rate, words):
-    message = card_error(base_card(rates=[rate]))
+    message = card_error(rate_card(rates=[rate]))
     assert words in message, message
 
 
 @pytest.mark.parametrize(
     ("multipliers", "words"),
     [
-        ({"on-demand": "1", "reserved": "0.6"}, "spot"),
-        ({"on-demand": "1", "spot": "0.35"}, "reserved"),
-        ({"on-demand": "1", "reserved": "0.6", "spot": "0.35", "preemptible": "0.2"}, "preemptible"),
-        ({"on-demand": "1", "reserved": "0.6", "spot": "-0.35"}, "spot"),
+        pytest.param({"on-demand": "1", "reserved": "0.6"}, "spot", id="missing-spot"),
+        pytest.param({"on-demand": "1", "spot": "0.35"}, "reserved", id="missing-reserved"),
+        pytest.param(
+            {"on-demand": "1", "reserved": "0.6", "spot": "0.35", "preemptible": "0.2"}, "preemptible",
+            id="extra-preemptible",
+        ),
+        pytest.param({"on-demand": "1", "reserved": "0.6", "spot": "-0.35"}, "spot", id="negative-spot"),
     ],
 )
 def test_capacity_multipliers_must_name_exactly_the_three_types(multipliers, words):
-    assert words in card_error(base_card(capacity_multipliers=multipliers))
+    assert words in card_error(rate_card(capacity_multipliers=multipliers))
 
 
 @pytest.mark.parametrize(
     "rates",
     [
-        [{"kind": "cpu", "unit_price": "1"}, {"kind": "cpu", "unit_price": "2"}],
-        [
-            {"kind": "gpu", "gpu_model": "H100", "unit_price": "1"},
-            {"kind": "gpu", "gpu_model": "H100", "unit_price": "1"},
-        ],
-        [
-            {"kind": "gpu", "gpu_model": "A100", "mig_profile": "1g.5gb", "unit_price": "1"},
-            {"kind": "gpu", "gpu_model": "A100", "mig_profile": "1g.5gb", "unit_price": "2"},
-        ],
+        pytest.param(
+            [{"kind": "cpu", "unit_price": "1"}, {"kind": "cpu", "unit_price": "2"}],
+            id="same-kind",
+        ),
+        pytest.param(
+            [
+                {"kind": "gpu", "gpu_model": "H100", "unit_price": "1"},
+                {"kind": "gpu", "gpu_model": "H100", "unit_price": "1"},
+            ],
+            id="same-model",
+        ),
+        pytest.param(
+            [
+                {"kind": "gpu", "gpu_model": "A100", "mig_profile": "1g.5gb", "unit_price": "1"},
+                {"kind": "gpu", "gpu_model": "A100", "mig_profile": "1g.5gb", "unit_price": "2"},
+            ],
+            id="same-model-and-profile",
+        ),
     ],
 )
 def test_duplicate_selector_rejected(rates):
-    assert "duplicate" in card_error(base_card(rates=rates))
+    assert "duplicate" in card_error(rate_card(rates=rates))
 
 
 def test_same_model_different_profiles_are_distinct_selectors():
     card = RateCard.model_validate(
-        base_card(
+        rate_card(
             rates=[
                 {"kind": "gpu", "gpu_model": "A100", "unit_price": "1"},
                 {"kind": "gpu", "gpu_model": "A100", "mig_profile": "1g.5gb", "unit_price": "0.4"},
@@ -226,16 +239,16 @@ def test_same_model_different_profiles_are_distinct_selectors():
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"currency": "usd"}, "currency"),
-        ({"currency": "US"}, "currency"),
-        ({"effective_from": "2026-11-01T00:00:00"}, "effective_from"),  # naive
-        ({"effective_from": "November"}, "effective_from"),
-        ({"version": ""}, "version"),
-        ({"notes": "x"}, "notes"),
+        pytest.param({"currency": "usd"}, "currency", id="currency-lower-case"),
+        pytest.param({"currency": "US"}, "currency", id="currency-two-letters"),
+        pytest.param({"effective_from": "2026-11-01T00:00:00"}, "effective_from", id="effective_from-naive"),
+        pytest.param({"effective_from": "November"}, "effective_from", id="effective_from-words"),
+        pytest.param({"version": ""}, "version", id="version-empty"),
+        pytest.param({"notes": "x"}, "notes", id="unknown-field"),
     ],
 )
 def test_invalid_card_fields(changes, words):
-    assert words in card_error(base_card(**changes))
+    assert words in card_error(rate_card(**changes))
 
 
 def test_card_missing_multipliers_in_yaml_names_the_file(tmp_path):
@@ -329,15 +342,15 @@ def test_rate_card_loading_errors(tmp_path, setup, words):
 
 
 def test_shipped_default_cards_load():
-    folder = Path(__file__).resolve().parents[2] / "gpumeter" / "defaults" / "ratecards"
+    folder = Path(__file__).resolve().parents[3] / "gpumeter" / "defaults" / "ratecards"
     cards = load_rate_cards(folder)
     assert [card.version for card in cards.cards] == ["2026-10", "2026-11"]
 
 
 def test_cards_in_the_set_are_sorted_even_when_given_unsorted():
-    later = RateCard.model_validate(base_card(version="later", effective_from="2026-12-01T00:00:00Z"))
+    later = RateCard.model_validate(rate_card(version="later", effective_from="2026-12-01T00:00:00Z"))
     earlier = RateCard.model_validate(
-        base_card(version="earlier", effective_from="2026-10-01T00:00:00-05:00")
+        rate_card(version="earlier", effective_from="2026-10-01T00:00:00-05:00")
     )
     cards = RateCardSet(cards=[later, earlier])
     assert [card.version for card in cards.cards] == ["earlier", "later"]
@@ -401,7 +414,11 @@ def test_duplicate_tenants_rejected(tmp_path):
     assert str(path) in str(caught.value)
 
 
-@pytest.mark.parametrize("warn_at", [[0], [1], [1.5], [-0.1], [0.9, 0.8], [0.8, 0.8], ["abc"]])
+@pytest.mark.parametrize(
+    "warn_at",
+    [[0], [1], [1.5], [-0.1], [0.9, 0.8], [0.8, 0.8], ["abc"]],
+    ids=["zero", "one", "above-one", "negative", "descending", "repeated", "not-a-number"],
+)
 def test_warn_at_bounds_rejected(tmp_path, warn_at):
     path = write(tmp_path / "t.yaml", f"tenants:\n  - tenant: a\n    warn_at: {warn_at}\n")
     with pytest.raises(ConfigError) as caught:
@@ -409,7 +426,11 @@ def test_warn_at_bounds_rejected(tmp_path, warn_at):
     assert "warn_at" in str(caught.value)
 
 
-@pytest.mark.parametrize("warn_at", [[], [0.5], [0.000001, 0.999999], [0.5, 0.75, 0.9]])
+@pytest.mark.parametrize(
+    "warn_at",
+    [[], [0.5], [0.000001, 0.999999], [0.5, 0.75, 0.9]],
+    ids=["none", "one-half", "near-the-bounds", "three-ascending"],
+)
 def test_warn_at_accepted(warn_at):
     policy = TenantPolicy.model_validate({"tenant": "a", "warn_at": [str(f) for f in warn_at]})
     assert policy.warn_at == [Decimal(str(f)) for f in warn_at]
@@ -418,16 +439,16 @@ def test_warn_at_accepted(warn_at):
 @pytest.mark.parametrize(
     ("entry", "field"),
     [
-        ({"tenant": "a", "budget": 5}, "budget"),
-        ({"tenant": "a", "period": "week"}, "period"),
-        ({"tenant": "a", "on_exceed": "kill"}, "on_exceed"),
-        ({"tenant": "Team A"}, "tenant"),
-        ({"tenant": "a", "commitment": "-1"}, "commitment"),
-        ({"tenant": "a", "credits": "lots"}, "credits"),
-        ({"tenant": "a", "gpu_hours": "-5"}, "gpu_hours"),
-        ({"tenant": "a", "grace_seconds": -1}, "grace_seconds"),
-        ({"tenant": "a", "grace_seconds": 86401}, "grace_seconds"),
-        ({"period": "month"}, "tenant"),
+        pytest.param({"tenant": "a", "budget": 5}, "budget", id="unknown-field-budget"),
+        pytest.param({"tenant": "a", "period": "week"}, "period", id="period-week"),
+        pytest.param({"tenant": "a", "on_exceed": "kill"}, "on_exceed", id="on_exceed-kill"),
+        pytest.param({"tenant": "Team A"}, "tenant", id="tenant-with-space"),
+        pytest.param({"tenant": "a", "commitment": "-1"}, "commitment", id="commitment-negative"),
+        pytest.param({"tenant": "a", "credits": "lots"}, "credits", id="credits-not-a-number"),
+        pytest.param({"tenant": "a", "gpu_hours": "-5"}, "gpu_hours", id="gpu_hours-negative"),
+        pytest.param({"tenant": "a", "grace_seconds": -1}, "grace_seconds", id="grace-negative"),
+        pytest.param({"tenant": "a", "grace_seconds": 86401}, "grace_seconds", id="grace-over-a-day"),
+        pytest.param({"period": "month"}, "tenant", id="tenant-missing"),
     ],
 )
 def test_invalid_tenant_entries(tmp_path, entry, field):
@@ -445,7 +466,7 @@ def test_unknown_top_level_key_and_non_mapping(tmp_path):
 
 
 def test_shipped_default_tenants_load():
-    tenants = load_tenants(Path(__file__).resolve().parents[2] / "gpumeter" / "defaults" / "tenants.yaml")
+    tenants = load_tenants(Path(__file__).resolve().parents[3] / "gpumeter" / "defaults" / "tenants.yaml")
     assert tenants.policy("team-a") is not None
 
 
@@ -476,7 +497,9 @@ def test_env_overrides():
     assert settings.kafka.partitions.rated == 6  # untouched sibling keeps its default
 
 
-@pytest.mark.parametrize("value", ["0", "abc", "1025", ""])
+@pytest.mark.parametrize(
+    "value", ["0", "abc", "1025", ""], ids=["zero", "not-a-number", "above-1024", "empty"]
+)
 def test_bad_env_value_is_a_config_error(value):
     with pytest.raises(ConfigError) as caught:
         load_settings(env={"GPUMETER_KAFKA_PARTITIONS_SAMPLES": value})
@@ -534,10 +557,10 @@ def test_process_environment_is_used_by_default(monkeypatch):
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("kafka: {bootstrapp: x}\n", "bootstrapp"),
-        ("surprise: 1\n", "surprise"),
-        ("- a\n", "mapping"),
-        ("kafka: [\n", "YAML"),
+        pytest.param("kafka: {bootstrapp: x}\n", "bootstrapp", id="unknown-kafka-key"),
+        pytest.param("surprise: 1\n", "surprise", id="unknown-top-level-key"),
+        pytest.param("- a\n", "mapping", id="not-a-mapping"),
+        pytest.param("kafka: [\n", "YAML", id="broken-yaml"),
     ],
 )
 def test_bad_settings_file(tmp_path, text, words):
@@ -557,15 +580,3 @@ def test_missing_settings_file(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_settings(tmp_path / "nope.yaml", env={})
     assert "not found" in str(caught.value)
-
-
-def test_dsn_round_trips_with_another_database_and_keeps_credentials() -> None:
-    from gpumeter.infra.clickhouse import parse_dsn
-
-    for text in ("http://127.0.0.1:8123/gpumeter", "https://fin%40ops:p%3Ass@ch.example:8443/billing",
-                 "chdb:///var/lib/gm?database=gpumeter"):
-        dsn = parse_dsn(text)
-        assert parse_dsn(dsn.text) == dsn
-        moved = parse_dsn(dsn.with_database("demo").text)
-        assert moved.database == "demo" and moved.username == dsn.username and moved.password == dsn.password
-    assert "p:ss" not in parse_dsn("https://u:p%3Ass@h:8443/db").url  # messages never show passwords

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.topics import SAMPLES
 from gpumeter.infra import clickhouse
 from gpumeter.infra.kafka import ensure_topics
+from testkit.builders import OMIT, usage_sample
 from tests.services import Endpoints, isolated_settings, run_cli
 
 pytestmark = [pytest.mark.agent, pytest.mark.integration]
@@ -35,21 +35,13 @@ START = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
 
 
 def window(n: int, tenant: str) -> list[UsageSample]:
+    """Window ``n`` (15 s) of five pods of ``tenant``, one H100 each, with the agent's event ids."""
     start = START + timedelta(seconds=15 * n)
     return [
-        UsageSample(
-            event_id=event_id("c", "gpu-node-1", f"uid-{tenant}-{pod}", "gpu", "GPU-0", start),
-            kind="gpu",
-            cluster="c",
-            node="gpu-node-1",
-            tenant=tenant,
-            namespace=tenant,
-            pod=f"pod-{pod}",
-            pod_uid=f"uid-{tenant}-{pod}",
-            window_start=start,
-            window_end=start + timedelta(seconds=15),
-            quantity=Decimal(1),
-            gpu_model="H100-SXM-80GB",
+        usage_sample(
+            event_id("c", "gpu-node-1", f"uid-{tenant}-{pod}", "gpu", "GPU-0", start),
+            cluster="c", node="gpu-node-1", tenant=tenant, namespace=tenant, pod=f"pod-{pod}",
+            pod_uid=f"uid-{tenant}-{pod}", start=start, seconds=15, capacity_type=OMIT, mig_profile=OMIT,
         )
         for pod in range(5)
     ]
