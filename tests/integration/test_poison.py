@@ -21,8 +21,8 @@ from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra.schema import RATED_USAGE
 from streams.sink import ClickHouseSink, connector
-from tests.integration.test_pipeline import count_rows, publish_lines
-from tests.integration.usage_files import make_samples
+from testkit.builders import OMIT, random_samples, sample
+from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli, wait_until
 
 pytestmark = pytest.mark.integration
@@ -32,12 +32,12 @@ POISON: dict[str, dict[str, Any]] = {
     "huge-utilization": {"utilization": "100000000000000000000"},
     "window-in-2400": {"window_start": "2400-01-01T00:00:00Z", "window_end": "2400-01-01T00:01:00Z"},
 }
-NANO_SAMPLE = {
-    "event_id": "go-agent-nano", "kind": "gpu", "cluster": "it", "node": "n", "tenant": "team-b",
-    "namespace": "team-b", "pod": "p", "pod_uid": "u", "gpu_model": "H100-SXM-80GB",
-    "window_start": "2026-11-10T00:00:00.000000001Z", "window_end": "2026-11-10T00:01:00.000000002Z",
-    "quantity": "0.142857142857",  # a 1g MIG slice of 7
-}
+NANO_SAMPLE = sample(
+    "go-agent-nano", cluster="it", node="n", tenant="team-b", namespace="team-b", pod="p", pod_uid="u",
+    start="2026-11-10T00:00:00.000000001Z", end="2026-11-10T00:01:00.000000002Z",
+    quantity="0.142857142857",  # a 1g MIG slice of 7
+    capacity_type=OMIT, mig_profile=OMIT,
+)
 
 
 def poisoned(base: dict[str, Any]) -> list[dict[str, Any]]:
@@ -47,7 +47,7 @@ def poisoned(base: dict[str, Any]) -> list[dict[str, Any]]:
 def test_a_poisoned_sample_is_a_dead_letter_and_everything_else_is_billed(
     settings: Settings, worker_factory: Callable[..., WorkerProcess]
 ) -> None:
-    ordinary = make_samples(seed=31, count=400)
+    ordinary = random_samples(seed=31, count=400)
     lines = [json.dumps(s).encode() for s in ordinary[:200] + poisoned(ordinary[0]) + [NANO_SAMPLE]
              + ordinary[200:]]
     worker_factory(settings)
@@ -121,7 +121,7 @@ def test_sigterm_stops_a_worker_that_cannot_store_and_commits_nothing(
         client.command("DROP TABLE rated_usage")  # every insert now fails: the sink retries
     finally:
         client.close()
-    publish_lines(settings, [json.dumps(s).encode() for s in make_samples(seed=32, count=50)])
+    publish_lines(settings, [json.dumps(s).encode() for s in random_samples(seed=32, count=50)])
     wait_until(lambda: worker.log_tail(200).count("storing") >= 5, 90, "the sink to back off")
 
     assert worker.process is not None
