@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,13 +26,14 @@ GIB = 1024**3
 @dataclass
 class StandInMig:
     uuid: str
-    profile: str  # e.g. "1g.10gb"
-    slices: int
+    profile: str  # as NVML names it: "1g.10gb", "1c.2g.20gb" (compute instance), "1g.10gb+me"
+    slices: int  # compute slices of the GPU instance
     memory_total: int
     memory_used: int = 0
     gpu_instance_id: int = 1
     compute_instance_id: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    compute_slices: int | None = None  # of the GPU instance's slices, this compute instance's (None: all)
 
 
 @dataclass
@@ -51,6 +53,24 @@ class StandInGpu:
     mig_enabled: bool = False
     migs: list[StandInMig | None] = field(default_factory=list)  # None = empty MIG slot
     processes: list[tuple[int, int | None]] = field(default_factory=list)
+    minor: int | None = None  # /dev/nvidia<minor>; None: the same as the index (the usual case)
+    # nvmlDeviceGetNumaNodeId answers only where GPU memory is a NUMA node (Grace: GH200, GB200);
+    # on x86 it is NOT_SUPPORTED and the node is in sysfs (write_sysfs).
+    numa_via_nvml: bool = False
+    # Boards with MIG (A100, A30, H100, H200, B200, ...); None: decided from the name.
+    mig_capable: bool | None = None
+    # The driver's GPU-utilization sample buffer: (CPU timestamp in microseconds, percent).
+    utilization_samples: list[tuple[int, int]] = field(default_factory=list)
+    samples_supported: bool = True
+
+
+_MIG_BOARDS = ("A100", "A30", "H100", "H200", "H20", "B200", "B300", "GB200", "GB300")
+
+
+def mig_capable(gpu: StandInGpu) -> bool:
+    if gpu.mig_capable is not None:
+        return gpu.mig_capable
+    return any(board in gpu.name for board in _MIG_BOARDS)
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,15 @@ class NvmlStandIn:
                 setattr(self, name, getattr(pynvml, name))
 
     # -- control -----------------------------------------------------------------------------------
+
+    def write_sysfs(self, root: Path) -> Path:
+        """A sysfs tree with each GPU's PCI device and its ``numa_node`` (as the kernel shows it:
+        ``-1`` when the machine has a single node); returns ``root`` for ``NvmlSource(sys_root=...)``."""
+        for gpu in self.gpus:
+            device = root / "bus" / "pci" / "devices" / sysfs_bus_id(gpu.bus_id)
+            device.mkdir(parents=True, exist_ok=True)
+            (device / "numa_node").write_text(f"{gpu.numa_node}\n")
+        return root
 
     def fail(self, call: str, code: int, gpu: int | None = None) -> None:
         self.failures[(call, gpu)] = code
@@ -159,13 +188,24 @@ class NvmlStandIn:
         self._check("nvmlDeviceGetPciInfo", handle)
         return SimpleNamespace(busId=self._gpu(handle).bus_id)
 
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        self._check("nvmlDeviceGetMinorNumber", handle)
+        minor = self._gpu(handle).minor
+        return handle.gpu if minor is None else minor
+
     def nvmlDeviceGetNumaNodeId(self, handle: _Handle) -> int:
         self._check("nvmlDeviceGetNumaNodeId", handle)
-        return self._gpu(handle).numa_node
+        gpu = self._gpu(handle)
+        if not gpu.numa_via_nvml:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.numa_node
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
         self._check("nvmlDeviceGetMigMode", handle)
-        mode = 1 if self._gpu(handle).mig_enabled else 0
+        gpu = self._gpu(handle)
+        if not mig_capable(gpu):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = 1 if gpu.mig_enabled else 0
         return [mode, mode]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
@@ -183,7 +223,9 @@ class NvmlStandIn:
         self._check("nvmlDeviceGetAttributes", handle)
         mig = self._mig(handle)
         return SimpleNamespace(
-            gpuInstanceSliceCount=mig.slices, memorySizeMB=mig.memory_total // (1024 * 1024)
+            gpuInstanceSliceCount=mig.slices,
+            computeInstanceSliceCount=mig.compute_slices if mig.compute_slices is not None else mig.slices,
+            memorySizeMB=mig.memory_total // (1024 * 1024),
         )
 
     def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:
@@ -199,6 +241,26 @@ class NvmlStandIn:
         if handle.mig is not None or self._gpu(handle).mig_enabled:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return SimpleNamespace(gpu=self._gpu(handle).utilization, memory=0)
+
+    def nvmlDeviceGetSamples(
+        self, handle: _Handle, sampling_type: int, last_seen: int
+    ) -> tuple[int, list[Any]]:
+        """Samples newer than ``last_seen``; NOT_FOUND when there are none, NOT_SUPPORTED in MIG mode.
+        Only GPU-utilization samples are modelled (other sampling types answer NOT_SUPPORTED)."""
+        self._check("nvmlDeviceGetSamples", handle)
+        gpu = self._gpu(handle)
+        if handle.mig is not None or gpu.mig_enabled or not gpu.samples_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        newer = [(ts, value) for ts, value in gpu.utilization_samples if ts > last_seen]
+        if not newer:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        samples = [
+            pynvml.c_nvmlSample_t(timeStamp=ts, sampleValue=pynvml.c_nvmlValue_t(uiVal=value))
+            for ts, value in newer
+        ]
+        return int(pynvml.NVML_VALUE_TYPE_UNSIGNED_INT), samples
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         self._check("nvmlDeviceGetPowerUsage", handle)
@@ -222,6 +284,14 @@ class NvmlStandIn:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return 1 if link in gpu.nvlinks else 0
 
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: _Handle, link: int) -> int:
+        """GPU when the link's far end is one of this node's GPUs (lost ones included), else SWITCH."""
+        self._check("nvmlDeviceGetNvLinkRemoteDeviceType", handle)
+        remote = _bus_key(self._gpu(handle).nvlinks[link])
+        if any(_bus_key(gpu.bus_id) == remote for gpu in self.gpus):
+            return int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
+        return int(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: _Handle, link: int) -> Any:
         self._check("nvmlDeviceGetNvLinkRemotePciInfo", handle)
         return SimpleNamespace(busId=self._gpu(handle).nvlinks[link])
@@ -241,6 +311,16 @@ class NvmlStandIn:
             return self.ancestors[pair]
         a, b = self.gpus[first.gpu], self.gpus[second.gpu]
         return int(pynvml.NVML_TOPOLOGY_NODE if a.numa_node == b.numa_node else pynvml.NVML_TOPOLOGY_SYSTEM)
+
+
+def _bus_key(bus_id: str) -> str:
+    return bus_id.lower().split(":", 1)[-1]
+
+
+def sysfs_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:3B:00.0`` as the kernel names the PCI device: ``0000:3b:00.0``."""
+    domain, bus, device = bus_id.lower().split(":")
+    return f"{int(domain, 16):04x}:{bus}:{device}"
 
 
 def gpu_uuid(index: int) -> str:

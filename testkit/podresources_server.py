@@ -21,10 +21,20 @@ pb2, pb2_grpc = load()
 
 
 @dataclass
+class ClaimSpec:
+    """A ResourceClaim a container uses (DRA), with the devices allocated to it."""
+
+    name: str
+    namespace: str
+    devices: list[tuple[str, str, str]]  # (driver, pool, device name), e.g. ("gpu.nvidia.com", node, "gpu-0")
+
+
+@dataclass
 class ContainerSpec:
     name: str
     devices: dict[str, list[str]] = field(default_factory=dict)  # resource name -> device ids
     numa: int | None = None
+    claims: list[ClaimSpec] = field(default_factory=list)
 
 
 @dataclass
@@ -54,7 +64,28 @@ class Lister(pb2_grpc.PodResourcesListerServicer):  # type: ignore[name-defined]
                 devices.append(
                     pb2.ContainerDevices(resource_name=resource, device_ids=ids, topology=topology)
                 )
-            containers.append(pb2.ContainerResources(name=container.name, devices=devices, cpu_ids=[0, 1]))
+            dynamic = [
+                pb2.DynamicResource(
+                    claim_name=claim.name,
+                    claim_namespace=claim.namespace,
+                    claim_resources=[
+                        pb2.ClaimResource(
+                            # The NVIDIA driver's CDI device for a claim's device (one per device).
+                            cdi_devices=[pb2.CDIDevice(name=f"k8s.{driver}/claim={claim.name}-{device}")],
+                            driver_name=driver,
+                            pool_name=pool,
+                            device_name=device,
+                        )
+                        for driver, pool, device in claim.devices
+                    ],
+                )
+                for claim in container.claims
+            ]
+            containers.append(
+                pb2.ContainerResources(
+                    name=container.name, devices=devices, cpu_ids=[0, 1], dynamic_resources=dynamic
+                )
+            )
         return pb2.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
     def List(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 (gRPC method name)

@@ -7,8 +7,10 @@ window are built from, so the two never disagree about who holds a GPU:
   indices of those devices as NVML numbers them: a whole GPU's own index, a MIG device's
   parent GPU, a time-sliced replica (``<uuid>::<n>``) its GPU (so one index may appear under
   several pods);
-* every pod the kubelet lists counts, whatever its phase, exactly as the GPU samples bill
-  it (samples.py): the kubelet still lists the devices as assigned;
+* a pod that has finished (Succeeded or Failed) holds nothing at the record's time, although
+  the kubelet keeps listing its devices until the pod object is deleted: its GPUs are free
+  (the device plugin hands them to the next pod), exactly as the GPU samples stop billing
+  them (samples.py);
 * the pod's UID comes from the pod metadata; a pod the metadata does not know (yet) is
   still listed, with an empty UID, because its GPUs are taken all the same;
 * a device NVML does not report has no index: it is left out and counted;
@@ -34,6 +36,7 @@ class AllocationStats:
     records: int = 0
     unknown_devices: int = 0  # assigned devices NVML did not report: no index to publish
     unknown_pods: int = 0  # assignments of pods the metadata did not know (published with no UID)
+    finished_pods: int = 0  # listings of finished pods, left out: their GPUs are free
 
 
 @dataclass
@@ -50,9 +53,14 @@ class AllocationBuilder:
         device_lookup: DeviceLookup,
         pods: Iterable[PodInfo],
     ) -> NodeAllocation:
+        pods = list(pods)
         uids = {(pod.namespace, pod.name): pod.uid for pod in pods}
+        finished = {(pod.namespace, pod.name) for pod in pods if pod.finished}
         held: dict[tuple[str, str, str], set[int]] = {}
         for allocation in allocations:
+            if (allocation.namespace, allocation.pod) in finished:
+                self.stats.finished_pods += 1
+                continue
             found = device_lookup(allocation.device_uuid)
             if found is None:
                 self.stats.unknown_devices += 1

@@ -4,7 +4,8 @@
 runs as a DaemonSet on every GPU node:
 
 1. NVML (collectors.agent.nvml_source): inventory, telemetry, topology;
-2. kubelet PodResources (collectors.agent.podresources): which pod holds which device;
+2. kubelet PodResources (collectors.agent.podresources): which pod holds which device, through
+   device plugins or DRA ResourceClaims (collectors.agent.dra resolves DRA names to NVML devices);
 3. kubelet stats summary (collectors.agent.kubelet_stats): CPU, memory, ephemeral storage used;
 4. API server (collectors.agent.podmeta): tenant, priority, capacity type, requests, PVCs;
 5. samples (collectors.agent.samples) -> publisher (Kafka, or the disk spool while Kafka is away);
@@ -16,6 +17,12 @@ isolated, counted (``gpumeter_agent_source_errors``) and, for PodResources,
 the last good allocation list is reused for up to three intervals. Past that the
 allocation is unknown: the window bills no GPU and publishes no allocation record (the
 last one published stands), rather than one claiming every GPU is free.
+
+Windows the loop missed (an overrunning cycle, a restart) are backfilled from the
+current observation, bounded, and counted beyond that (collectors.agent.windows).
+``/healthz`` on the metrics port fails once the last completed cycle is older than
+three windows (collectors.agent.metrics), which is what the DaemonSet's liveness
+probe asks.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from typing import Any, Protocol
 
 from collectors.agent.allocation import AllocationBuilder
 from collectors.agent.cgroups import pod_uids_of
+from collectors.agent.dra import resolve as resolve_dra
 from collectors.agent.kubelet_stats import (
     ApiServerStatsClient,
     KubeletStatsClient,
@@ -44,10 +52,17 @@ from collectors.agent.kubelet_stats import (
 from collectors.agent.metrics import AgentMetrics
 from collectors.agent.nvml_source import DeviceReading, NvmlSource
 from collectors.agent.podmeta import ClaimInfo, PodInfo
-from collectors.agent.podresources import DEFAULT_SOCKET, DeviceAllocation, PodResourcesClient
+from collectors.agent.podresources import (
+    DEFAULT_SOCKET,
+    DeviceAllocation,
+    PodResourcesClient,
+    mig_profile_of,
+    replicas_from_node,
+)
 from collectors.agent.publisher import Publisher
 from collectors.agent.samples import SampleBuilder, window_bounds
 from collectors.agent.spool import DEFAULT_MAX_BYTES, Spool
+from collectors.agent.windows import DEFAULT_MAX_BACKFILL, STATE_FILE, WindowTracker, host_boot_time
 from gpumeter.core.models import NodeAllocation, NodeTopology, UsageSample
 from gpumeter.core.settings import Settings
 
@@ -60,6 +75,7 @@ UNKNOWN_DEVICE_REFRESH_CYCLES = 4
 ALLOCATION_STALENESS_INTERVALS = 3
 # Collect this long after a window closes, so the window's last moments are in the readings.
 COLLECT_DELAY_S = 0.25
+BACKFILL_LABEL = "backfilled"
 
 
 class AllocationSource(Protocol):
@@ -126,6 +142,27 @@ class NodeCollector:
         self._window_state: tuple[datetime, list[DeviceAllocation], list[PodInfo]] | None = None
         self._topology_signature: Any = None
         self._unknown_refresh_cycle = -UNKNOWN_DEVICE_REFRESH_CYCLES
+        if hasattr(allocations, "replica_hints") and allocations.replica_hints is None:
+            # Without the kubelet's allocatable list, the node and NVML tell the replica counts.
+            allocations.replica_hints = self.replica_hints
+
+    def replica_hints(self) -> dict[str, int]:
+        """Replicas per device of each GPU resource, from the node object and the NVML inventory."""
+        labels = getattr(self.metadata, "node_labels", None)
+        capacity = getattr(self.metadata, "node_capacity", None)
+        if not callable(labels) or not callable(capacity):
+            return {}
+        inventory = self.nvml.inventory
+
+        def devices_behind(resource: str) -> int:
+            profile = mig_profile_of(resource)
+            if profile is not None:
+                return sum(1 for g in inventory for m in g.mig_instances if m.profile == profile)
+            whole = sum(1 for g in inventory if not g.mig_enabled)
+            # MIG "single" strategy: every MIG device is advertised as nvidia.com/gpu.
+            return whole or sum(len(g.mig_instances) for g in inventory)
+
+        return replicas_from_node(labels(), capacity(), devices_behind)
 
     def _failed(self, source: str, exc: Exception) -> None:
         self.source_errors[source] = self.source_errors.get(source, 0) + 1
@@ -180,13 +217,16 @@ class NodeCollector:
         self.cycles += 1
         if self.cycles % INVENTORY_REFRESH_CYCLES == 0:
             self.nvml.refresh_inventory()
-        allocations = self._gpu_allocations()
+        listed = self._gpu_allocations()
+        allocations = resolve_dra(listed, self.nvml.inventory)
         unknown = any(self.nvml.device(a.device_uuid) is None for a in allocations)
         if unknown and self.cycles - self._unknown_refresh_cycle >= UNKNOWN_DEVICE_REFRESH_CYCLES:
-            # A device the last inventory lacks (MIG reconfigured, a GPU back): re-enumerate, rate-limited.
+            # A device the last inventory lacks (MIG reconfigured, a DRA driver's new MIG device, a
+            # GPU back): re-enumerate, rate-limited.
             self._unknown_refresh_cycle = self.cycles
             self.nvml.refresh_inventory()
-        readings = self.nvml.read()
+            allocations = resolve_dra(listed, self.nvml.inventory)
+        readings = self.nvml.read(window=(window_start, window_end))
         self.lost_gpus = sum(
             1
             for gpu in self.nvml.inventory
@@ -206,6 +246,31 @@ class NodeCollector:
             claim_lookup=self.metadata.claim,
             pid_pods=self._pid_pods(readings),
         )
+
+    def backfill(self, windows: list[tuple[datetime, datetime]]) -> list[UsageSample]:
+        """Samples for missed windows from the observation of the window last collected.
+
+        Quantities only (nothing was measured then): GPUs as the kubelet assigns them now, CPU and
+        memory at the pods' requests, each pod from its start and up to its end; labelled
+        ``backfilled``. Nothing when the allocation is unknown (collectors.agent.windows).
+        """
+        if self._window_state is None:
+            return []
+        _at, allocations, pods = self._window_state
+        out: list[UsageSample] = []
+        for start, end in windows:
+            for sample in self.builder.build(
+                window_start=start,
+                window_end=end,
+                pods=pods,
+                allocations=allocations,
+                device_lookup=self.nvml.device,
+                readings={},
+                node_stats=None,
+                claim_lookup=self.metadata.claim,
+            ):
+                out.append(sample.model_copy(update={"labels": {**sample.labels, BACKFILL_LABEL: "true"}}))
+        return out
 
     def node_allocations(self) -> list[NodeAllocation]:
         """The node's allocation for the window last collected, ``at`` its end; [] when unknown."""
@@ -254,6 +319,9 @@ class AgentConfig:
     kubelet_url: str | None = None
     kubelet_insecure_tls: bool = False
     proc_root: Path | None = Path("/proc")
+    # Missed windows (an overrunning cycle, a restart) billed from the current observation, at most
+    # this many; older ones are counted, not billed (collectors.agent.windows).
+    backfill_windows: int = DEFAULT_MAX_BACKFILL
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> AgentConfig:
@@ -277,6 +345,8 @@ class AgentConfig:
             config.kubelet_url = env["GPUMETER_AGENT_KUBELET_URL"]
         elif env.get("NODE_IP"):
             config.kubelet_url = f"https://{env['NODE_IP']}:10250"
+        if "GPUMETER_AGENT_BACKFILL_WINDOWS" in env:
+            config.backfill_windows = int(env["GPUMETER_AGENT_BACKFILL_WINDOWS"])
         config.kubelet_insecure_tls = env.get("GPUMETER_AGENT_KUBELET_INSECURE_TLS", "").lower() in (
             "1",
             "true",
@@ -368,8 +438,16 @@ def run_agent(
     if publisher is None:
         spool_dir = config.spool_dir or settings.data_dir / "agent-spool"
         publisher = Publisher(settings.kafka, Spool(spool_dir, max_bytes=config.spool_max_bytes))
-    metrics = AgentMetrics()
+    tracker = WindowTracker(
+        interval=config.interval,
+        state_path=publisher.spool.directory / STATE_FILE,
+        max_backfill=config.backfill_windows,
+        boot_time=host_boot_time(config.proc_root),
+        identity=f"{config.cluster}/{config.node}",
+    )
+    metrics = AgentMetrics(interval=config.interval)
     metrics.publisher = publisher
+    metrics.windows = tracker
     if isinstance(collector, NodeCollector):
         metrics.collector = collector
     server = metrics.serve(config.metrics_port) if config.metrics_port else None
@@ -398,15 +476,22 @@ def run_agent(
             last_window = window_start
             started, cpu_started = time.monotonic(), time.process_time()
             try:
+                missed = tracker.plan(window_start)
                 samples = collector.collect(window_start, window_end)
-                for sample in samples:
+                backfill = getattr(collector, "backfill", None)
+                filled = backfill(missed) if missed and callable(backfill) else []
+                if missed and not callable(backfill):
+                    tracker.count_unfilled(missed)
+                for sample in [*samples, *filled]:
                     metrics.count_emitted(sample.kind)
-                publisher.publish(samples)
+                publisher.publish([*samples, *filled])
+                tracker.done(window_end, backfilled=len(missed) if callable(backfill) else 0)
                 for allocation in collector.node_allocations():
                     publisher.publish_allocation(allocation)
                 if isinstance(collector, NodeCollector) and collector.cycles % INVENTORY_REFRESH_CYCLES == 0:
                     for topology in collector.topologies():
                         publisher.publish_topology(topology)
+                metrics.cycle_completed()  # what the liveness probe watches
             except Exception:  # one bad cycle must not end the agent
                 log.exception("collection cycle for window %s failed", window_start.isoformat())
             metrics.cycle_seconds.observe(time.monotonic() - started)

@@ -21,8 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, TypeVar
 
+from collectors.agent.mig import MigProfile, profile_in_name
 from gpumeter.core.models import GpuDevice, NodeTopology
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,9 @@ _KNOWN_MODELS = {
     "NVIDIA L4": "L4-24GB",
     "Tesla T4": "T4-16GB",
 }
+# nvmlValueType_t -> the member of the c_nvmlValue_t union holding a sample.
+_SAMPLE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 _VENDOR_PREFIX = re.compile(r"^(NVIDIA|Tesla|Quadro|GeForce)\s+", re.IGNORECASE)
-_MIG_NAME = re.compile(r"\bMIG\s+(\d+g\.\d+gb)\b", re.IGNORECASE)
 
 
 def gpu_model_name(product: str, memory_total_bytes: int | None = None) -> str:
@@ -97,12 +100,13 @@ class MigInstance:
     parent_uuid: str
     parent_index: int
     mig_index: int
-    profile: str | None  # e.g. "1g.10gb"
+    profile: str | None  # NVML's spelling, e.g. "1g.10gb", "1c.2g.20gb", "1g.10gb+me"
     gpu_instance_id: int | None
     compute_instance_id: int | None
     memory_total_bytes: int | None
-    slices: int | None  # compute slices of this instance
-    share: Decimal  # fraction of the parent GPU held: slices / parent's slice count
+    slices: int | None  # compute slices of its GPU instance
+    share: Decimal  # fraction of the parent GPU held: compute slices held / the parent's slice count
+    compute_slices: int | None = None  # of those, the ones this device's compute instance uses
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class GpuInfo:
     numa_node: int | None
     mig_enabled: bool
     mig_instances: tuple[MigInstance, ...] = ()
+    minor_number: int | None = None  # /dev/nvidia<minor>; DRA names devices by it
+    mig_slices: int | None = None  # compute slices of the GPU (its max MIG devices), MIG mode only
 
 
 @dataclass(frozen=True)
@@ -226,7 +232,12 @@ class NvmlUnavailable(RuntimeError):
 class NvmlSource:
     """GPU inventory, telemetry and topology of this node from NVML."""
 
-    def __init__(self, nvml: Any = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        nvml: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        sys_root: Path = Path("/sys"),
+    ) -> None:
         if nvml is None:
             import pynvml
 
@@ -244,6 +255,12 @@ class NvmlSource:
         self.driver_version: str | None = None
         self._error_names = self._error_name_table()
         self._lost_code = getattr(nvml, "NVML_ERROR_GPU_IS_LOST", 15)
+        self._not_supported = int(getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3))
+        self._not_found = int(getattr(nvml, "NVML_ERROR_NOT_FOUND", 6))
+        # The PCI devices of sysfs: a GPU's NUMA node where NVML does not report it (x86).
+        self.sys_root = sys_root
+        # (call, device) NVML answered NOT_SUPPORTED for where that is what the hardware says: not errors.
+        self.unsupported: set[tuple[str, str]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -293,12 +310,21 @@ class NvmlSource:
             text = name
         return f"{name}: {text}"
 
-    def _call(self, call: str, device: str, fn: Callable[..., T], *args: Any) -> T | None:
-        """Run one NVML call; an NVMLError becomes None and a count. GPU_IS_LOST raises _DeviceLost."""
+    def _call(
+        self, call: str, device: str, fn: Callable[..., T], *args: Any, quiet: tuple[int, ...] = ()
+    ) -> T | None:
+        """Run one NVML call; an NVMLError becomes None and a count. GPU_IS_LOST raises _DeviceLost.
+
+        Codes in ``quiet`` are answers, not errors (NOT_SUPPORTED where the hardware lacks the
+        feature): None, noted in :attr:`unsupported`, never counted or logged.
+        """
         try:
             return fn(*args)
         except self._nvml.NVMLError as exc:
             code = getattr(exc, "value", None)
+            if code in quiet:
+                self.unsupported.add((call, device))
+                return None
             name = self._error_names.get(code, f"code_{code}") if isinstance(code, int) else "UNKNOWN"
             self.errors.record(call, name, device, self._describe(exc))
             if code == self._lost_code:
@@ -359,16 +385,41 @@ class NvmlSource:
         bus_id = _normalize_bus_id(_text(pci.busId)) if pci is not None else None
         numa = None
         if hasattr(nvml, "nvmlDeviceGetNumaNodeId"):
-            numa_value = self._call("nvmlDeviceGetNumaNodeId", label, nvml.nvmlDeviceGetNumaNodeId, handle)
+            # Supported where the GPU's memory is a NUMA node of its own (Grace); NOT_SUPPORTED on x86.
+            numa_value = self._call(
+                "nvmlDeviceGetNumaNodeId",
+                label,
+                nvml.nvmlDeviceGetNumaNodeId,
+                handle,
+                quiet=(self._not_supported,),
+            )
             numa = int(numa_value) if numa_value is not None and int(numa_value) >= 0 else None
+        if numa is None and pci is not None:
+            numa = sysfs_numa_node(self.sys_root, _text(pci.busId))
         mig_enabled = False
-        mode = self._call("nvmlDeviceGetMigMode", label, nvml.nvmlDeviceGetMigMode, handle)
+        # NOT_SUPPORTED on boards without MIG (L4, L40S, T4, ...): MIG is off, not an error.
+        mode = self._call(
+            "nvmlDeviceGetMigMode",
+            label,
+            nvml.nvmlDeviceGetMigMode,
+            handle,
+            quiet=(self._not_supported,),
+        )
         if mode is not None:
             current = mode[0] if isinstance(mode, list | tuple) else mode
             mig_enabled = int(current) == int(getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
         instances: tuple[MigInstance, ...] = ()
+        slices: int | None = None
         if mig_enabled:
-            instances = self._describe_migs(index, uuid, handle)
+            slots = self._call(
+                "nvmlDeviceGetMaxMigDeviceCount", label, nvml.nvmlDeviceGetMaxMigDeviceCount, handle
+            )
+            slices = int(slots) if slots else None
+            instances = self._describe_migs(index, uuid, handle, slices) if slices else ()
+        minor = None
+        if hasattr(nvml, "nvmlDeviceGetMinorNumber"):
+            minor_value = self._call("nvmlDeviceGetMinorNumber", label, nvml.nvmlDeviceGetMinorNumber, handle)
+            minor = int(minor_value) if minor_value is not None else None
         return GpuInfo(
             index=index,
             uuid=uuid,
@@ -379,19 +430,17 @@ class NvmlSource:
             numa_node=numa,
             mig_enabled=mig_enabled,
             mig_instances=instances,
+            minor_number=minor,
+            mig_slices=slices,
         )
 
-    def _describe_migs(self, index: int, parent_uuid: str, handle: Any) -> tuple[MigInstance, ...]:
+    def _describe_migs(
+        self, index: int, parent_uuid: str, handle: Any, total_slices: int
+    ) -> tuple[MigInstance, ...]:
+        # The smallest profile is one slice, so the max MIG device count is the GPU's slice count.
         nvml = self._nvml
-        label = f"gpu{index}"
-        slots = self._call(
-            "nvmlDeviceGetMaxMigDeviceCount", label, nvml.nvmlDeviceGetMaxMigDeviceCount, handle
-        )
-        if not slots:
-            return ()
-        total_slices = int(slots)  # the smallest profile is one slice, so max devices = slices per GPU
         instances = []
-        for mig_index in range(int(slots)):
+        for mig_index in range(total_slices):
             mig_label = f"gpu{index}/mig{mig_index}"
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
@@ -411,12 +460,17 @@ class NvmlSource:
             ci = self._call(
                 "nvmlDeviceGetComputeInstanceId", mig_label, nvml.nvmlDeviceGetComputeInstanceId, mig
             )
-            slices = int(attributes.gpuInstanceSliceCount) if attributes is not None else None
             memory_total = int(memory.total) if memory is not None else None
-            profile = _mig_profile(_text(name) if name is not None else "", slices, attributes)
-            if slices is None and profile is not None:
-                slices = int(profile.split("g.", 1)[0])
-            share = Decimal(slices) / Decimal(total_slices) if slices else Decimal(1) / Decimal(total_slices)
+            profile = _mig_profile(_text(name) if name is not None else "", attributes)
+            # Compute slices held: the GPU instance's, or the compute instance's part of it when
+            # several compute instances share one GPU instance (1c.2g.20gb: one of two slices).
+            slices = int(attributes.gpuInstanceSliceCount) if attributes is not None else None
+            compute = _positive(getattr(attributes, "computeInstanceSliceCount", None))
+            if profile is not None:
+                slices = slices or profile.gpu_slices
+                compute = compute or profile.compute_slices
+            compute = compute or slices
+            share = Decimal(compute or 1) / Decimal(total_slices)
             self._mig_handles[mig_uuid] = mig
             instances.append(
                 MigInstance(
@@ -424,11 +478,12 @@ class NvmlSource:
                     parent_uuid=parent_uuid,
                     parent_index=index,
                     mig_index=mig_index,
-                    profile=profile,
+                    profile=profile.name if profile is not None else None,
                     gpu_instance_id=int(gi) if gi is not None else None,
                     compute_instance_id=int(ci) if ci is not None else None,
                     memory_total_bytes=memory_total,
                     slices=slices,
+                    compute_slices=compute,
                     share=share,
                 )
             )
@@ -446,8 +501,13 @@ class NvmlSource:
 
     # -- telemetry ---------------------------------------------------------------------------------
 
-    def read(self) -> dict[str, DeviceReading]:
-        """One read of every GPU and MIG device, keyed by UUID. Lost GPUs come back with ``lost=True``."""
+    def read(self, window: tuple[datetime, datetime] | None = None) -> dict[str, DeviceReading]:
+        """One read of every GPU and MIG device, keyed by UUID. Lost GPUs come back with ``lost=True``.
+
+        With ``window``, a GPU's utilization is the average of the driver's utilization samples
+        taken inside it (``nvmlDeviceGetSamples``); without samples (none kept for the window, or
+        a GPU that does not support them) it is the driver's current reading.
+        """
         with self._lock:
             inventory = list(self._inventory)
             handles = dict(self._handles)
@@ -457,7 +517,7 @@ class NvmlSource:
             handle = handles.get(gpu.uuid)
             label = f"gpu{gpu.index}"
             try:
-                readings[gpu.uuid] = self._read_gpu(gpu, handle, label, now)
+                readings[gpu.uuid] = self._read_gpu(gpu, handle, label, now, window)
                 for mig in gpu.mig_instances:
                     mig_handle = handles.get(mig.uuid)
                     mig_label = f"{label}/mig{mig.mig_index}"
@@ -469,17 +529,21 @@ class NvmlSource:
                     readings[mig.uuid] = DeviceReading(uuid=mig.uuid, index=gpu.index, lost=True)
         return readings
 
-    def _read_gpu(self, gpu: GpuInfo, handle: Any, label: str, now: float) -> DeviceReading:
+    def _read_gpu(
+        self, gpu: GpuInfo, handle: Any, label: str, now: float, window: tuple[datetime, datetime] | None
+    ) -> DeviceReading:
         nvml = self._nvml
         reading = DeviceReading(uuid=gpu.uuid, index=gpu.index)
         if handle is None:
             return reading
-        if not gpu.mig_enabled:
-            rates = self._call(
-                "nvmlDeviceGetUtilizationRates", label, nvml.nvmlDeviceGetUtilizationRates, handle
-            )
-            if rates is not None:
-                reading.utilization = (Decimal(int(rates.gpu)) / 100).quantize(Decimal("0.01"))
+        if not gpu.mig_enabled:  # in MIG mode NVML has no utilization for the GPU (nor its slices)
+            reading.utilization = self._window_utilization(handle, label, window)
+            if reading.utilization is None:
+                rates = self._call(
+                    "nvmlDeviceGetUtilizationRates", label, nvml.nvmlDeviceGetUtilizationRates, handle
+                )
+                if rates is not None:
+                    reading.utilization = (Decimal(int(rates.gpu)) / 100).quantize(Decimal("0.01"))
         memory = self._call("nvmlDeviceGetMemoryInfo", label, nvml.nvmlDeviceGetMemoryInfo, handle)
         if memory is not None:
             reading.memory_used_bytes = int(memory.used)
@@ -496,6 +560,38 @@ class NvmlSource:
         if not gpu.mig_enabled:
             reading.processes = self._processes(handle, label)
         return reading
+
+    def _window_utilization(
+        self, handle: Any, label: str, window: tuple[datetime, datetime] | None
+    ) -> Decimal | None:
+        """Mean of the GPU-utilization samples the driver took inside ``window`` (None: no samples)."""
+        nvml = self._nvml
+        call = "nvmlDeviceGetSamples"
+        if window is None or not hasattr(nvml, call) or (call, label) in self.unsupported:
+            return None
+        start_us = int(window[0].timestamp() * 1_000_000)
+        end_us = int(window[1].timestamp() * 1_000_000)
+        kind = getattr(nvml, "NVML_GPU_UTILIZATION_SAMPLES", 1)
+        try:
+            # Samples after the given timestamp (microseconds, CPU clock): from the window's start on.
+            value_type, samples = nvml.nvmlDeviceGetSamples(handle, kind, start_us - 1)
+        except nvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == self._not_supported:
+                self.unsupported.add((call, label))  # this GPU has no sample buffer: never ask again
+            elif code != self._not_found:  # NOT_FOUND: no sample since then, not an error
+                self._call(call, label, _raise, exc)
+            return None
+        field_name = _SAMPLE_FIELDS.get(int(value_type), "uiVal")
+        values = [
+            Decimal(getattr(sample.sampleValue, field_name))
+            for sample in samples
+            if start_us <= int(sample.timeStamp) < end_us
+        ]
+        if not values:
+            return None
+        mean: Decimal = sum(values, Decimal(0)) / len(values) / 100
+        return mean.quantize(Decimal("0.000001"))
 
     def _read_mig(self, gpu: GpuInfo, mig: MigInstance, handle: Any, label: str) -> DeviceReading:
         # Power, energy and utilization belong to the whole GPU; a MIG device reports memory and processes.
@@ -630,6 +726,10 @@ class NvmlSource:
                 continue
             if int(state) != int(getattr(nvml, "NVML_FEATURE_ENABLED", 1)):
                 continue
+            remote_type = self._remote_type(handle, label, link)
+            if remote_type == int(getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_SWITCH", 2)):
+                switch_links += 1
+                continue
             remote = self._call(
                 "nvmlDeviceGetNvLinkRemotePciInfo", label, nvml.nvmlDeviceGetNvLinkRemotePciInfo, handle, link
             )
@@ -638,12 +738,52 @@ class NvmlSource:
             peer = by_bus.get(_normalize_bus_id(_text(remote.busId)))
             if peer is not None and peer != gpu.index:
                 peers[peer] += 1
-            elif peer is None:
-                switch_links += 1  # the far end is not a GPU of this node: an NVSwitch
+            elif peer is None and remote_type is None:
+                # No remote-type call (older driver): a far end that is no GPU of this node is
+                # taken for an NVSwitch. With the call, a GPU missing from the inventory (lost, or
+                # failing to enumerate) is known to be a GPU and joins no fabric.
+                switch_links += 1
         return peers, switch_links
+
+    def _remote_type(self, handle: Any, label: str, link: int) -> int | None:
+        """nvmlNvLinkDeviceType_t of a link's far end (GPU, IBMNPU, SWITCH); None when not supported."""
+        nvml = self._nvml
+        call = "nvmlDeviceGetNvLinkRemoteDeviceType"
+        if not hasattr(nvml, call) or (call, label) in self.unsupported:
+            return None
+        value = self._call(
+            call, label, nvml.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link, quiet=(self._not_supported,)
+        )
+        if value is None or int(value) == int(getattr(nvml, "NVML_NVLINK_DEVICE_TYPE_UNKNOWN", 0xFF)):
+            return None
+        return int(value)
 
     def error_counts(self) -> dict[tuple[str, str], int]:
         return dict(self.errors.counts)
+
+
+def sysfs_bus_id(nvml_bus_id: str) -> str | None:
+    """NVML's ``00000000:3B:00.0`` -> sysfs's ``0000:3b:00.0`` (16-bit domain, lower case)."""
+    parts = nvml_bus_id.strip().lower().split(":")
+    if len(parts) != 3:
+        return None
+    try:
+        domain = int(parts[0], 16)
+    except ValueError:
+        return None
+    return f"{domain:04x}:{parts[1]}:{parts[2]}"
+
+
+def sysfs_numa_node(sys_root: Path, nvml_bus_id: str) -> int | None:
+    """The NUMA node the kernel gives the GPU's PCI device (``-1``: none, e.g. one socket)."""
+    bus = sysfs_bus_id(nvml_bus_id)
+    if bus is None:
+        return None
+    try:
+        value = int((sys_root / "bus" / "pci" / "devices" / bus / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
 
 
 def _raise(exc: BaseException) -> Any:
@@ -663,13 +803,29 @@ def _normalize_bus_id(bus_id: str) -> str:
     return ":".join(parts)
 
 
-def _mig_profile(name: str, slices: int | None, attributes: Any) -> str | None:
-    """``NVIDIA A100-SXM4-40GB MIG 1g.5gb`` -> ``1g.5gb``; else built from the slice count and memory."""
-    match = _MIG_NAME.search(name)
-    if match:
-        return match.group(1).lower()
-    if slices and attributes is not None:
-        memory_mb = int(getattr(attributes, "memorySizeMB", 0))
-        if memory_mb:
-            return f"{slices}g.{round(memory_mb / 1024)}gb"
-    return None
+def _positive(value: Any) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number > 0 else None
+
+
+def _mig_profile(name: str, attributes: Any) -> MigProfile | None:
+    """``NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb`` -> that profile; else built from the device's slice
+    counts and memory (a name without the profile, e.g. an older driver's)."""
+    named = profile_in_name(name)
+    if named is not None:
+        return named
+    if attributes is None:
+        return None
+    slices = _positive(getattr(attributes, "gpuInstanceSliceCount", None))
+    memory_mb = _positive(getattr(attributes, "memorySizeMB", None))
+    if slices is None or memory_mb is None:
+        return None
+    compute = _positive(getattr(attributes, "computeInstanceSliceCount", None))
+    return MigProfile(
+        gpu_slices=slices,
+        memory_gb=round(memory_mb / 1024),
+        compute_slices=compute if compute is not None and compute != slices else None,
+    )

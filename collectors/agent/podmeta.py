@@ -33,6 +33,7 @@ from gpumeter.core.models import CAPACITY_TYPES, CapacityType
 log = logging.getLogger(__name__)
 
 TENANT_LABEL = "gpumeter.io/tenant"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 CAPACITY_LABEL = "gpumeter.io/capacity-type"
 _TENANT_BAD = re.compile(r"[^a-z0-9-]+")
 _CLOUD_SPOT_LABELS: tuple[tuple[str, Callable[[str], CapacityType | None]], ...] = (
@@ -171,6 +172,13 @@ class PodInfo:
     requests: Requests
     pvc_claims: tuple[str, ...] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
+    # When a Succeeded/Failed pod's last container ended (None: running, or not recorded).
+    finish_time: datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Succeeded or Failed: its containers are gone, whatever the kubelet still lists for it."""
+        return self.phase in FINISHED_PHASES
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -182,6 +190,21 @@ def _parse_time(value: Any) -> datetime | None:
         return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def finish_time_of(status: Mapping[str, Any]) -> datetime | None:
+    """The latest ``state.terminated.finishedAt`` over the pod's containers (init containers too:
+    a pod can fail in one), or None when no container recorded an end."""
+    latest: datetime | None = None
+    for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        for container in status.get(key) or []:
+            if not isinstance(container, Mapping):
+                continue
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            finished = _parse_time(terminated.get("finishedAt"))
+            if finished is not None and (latest is None or finished > latest):
+                latest = finished
+    return latest
 
 
 def pod_info(
@@ -201,12 +224,13 @@ def pod_info(
         if isinstance(volume, Mapping) and (volume.get("persistentVolumeClaim") or {}).get("claimName")
     )
     priority = spec.get("priority")
+    phase = str(status.get("phase") or "Unknown")
     return PodInfo(
         uid=str(metadata.get("uid") or ""),
         namespace=namespace,
         name=str(metadata.get("name") or ""),
         node=str(spec.get("nodeName") or ""),
-        phase=str(status.get("phase") or "Unknown"),
+        phase=phase,
         tenant=normalize_tenant(tenant_source),
         priority=int(priority) if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         capacity_type=capacity_type_of(pod, node_labels),
@@ -214,6 +238,7 @@ def pod_info(
         requests=effective_requests(spec),
         pvc_claims=claims,
         labels=dict(metadata.get("labels") or {}),
+        finish_time=finish_time_of(status) if phase in FINISHED_PHASES else None,
     )
 
 
@@ -253,8 +278,11 @@ class StaticPodMetadata:
         namespaces: Mapping[str, Mapping[str, str]] | None = None,
         node_labels: Mapping[str, str] | None = None,
         claims: Iterable[Mapping[str, Any]] = (),
+        node_capacity: Mapping[str, str] | None = None,
     ) -> None:
         namespaces = namespaces or {}
+        self._node_labels = dict(node_labels or {})
+        self._node_capacity = dict(node_capacity or {})
         self._pods = [
             pod_info(pod, namespaces.get(str((pod.get("metadata") or {}).get("namespace")), {}), node_labels)
             for pod in pods
@@ -270,6 +298,12 @@ class StaticPodMetadata:
 
     def claim(self, namespace: str, name: str) -> ClaimInfo | None:
         return self._claims.get((namespace, name))
+
+    def node_labels(self) -> dict[str, str]:
+        return dict(self._node_labels)
+
+    def node_capacity(self) -> dict[str, str]:
+        return dict(self._node_capacity)
 
 
 class _Reflector:
@@ -411,6 +445,12 @@ class KubePodMetadata:
     def node_labels(self) -> dict[str, str]:
         for obj in self._nodes.items.values():
             return dict((obj.get("metadata") or {}).get("labels") or {})
+        return {}
+
+    def node_capacity(self) -> dict[str, str]:
+        """The node's ``status.capacity`` (what the kubelet advertises, device plugin resources included)."""
+        for obj in self._nodes.items.values():
+            return {str(k): str(v) for k, v in ((obj.get("status") or {}).get("capacity") or {}).items()}
         return {}
 
     def pods(self) -> list[PodInfo]:

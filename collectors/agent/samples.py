@@ -4,8 +4,10 @@ Billing rules (units *held* during the window):
 
 * gpu: one sample per (pod, device): quantity 1 for a whole GPU, the MIG
   instance's share of its GPU (compute slices / slices per GPU) for a MIG
-  device, 1/replicas for a time-sliced replica. Held = allocated by the kubelet
-  (PodResources), whatever the NVML telemetry says; telemetry rides along.
+  device, 1/replicas for a time-sliced replica (of a GPU or of a MIG device:
+  the two multiply). A DRA device (ResourceClaim) held by several pods is split
+  evenly among them. Held = allocated by the kubelet (PodResources), whatever
+  the NVML telemetry says; telemetry rides along.
 * cpu: max(effective request, measured usage) cores.
 * memory: max(effective request, working set) GiB.
 * storage: the pod's ephemeral storage, max(request, used) GiB (device
@@ -15,7 +17,11 @@ Billing rules (units *held* during the window):
 * A pod that started inside the window holds its units for the part of the
   window after its start: the quantity is scaled by that fraction.
 * cpu, memory and storage are billed for Running pods; gpu for every pod the
-  kubelet lists as holding a device (it holds it whether or not it runs yet).
+  kubelet lists as holding a device (it holds it whether or not it runs yet),
+  except pods that have finished: a Succeeded or Failed pod holds its units up
+  to its last container's end (``finishedAt``) and nothing after, although the
+  kubelet keeps listing its devices until the pod object is deleted (and may
+  give the same device to the next pod meanwhile, which must not bill it twice).
 
 Windows are aligned to the interval: ``window_start = floor(t / interval) * interval``;
 the sample for a window is emitted just after it ends. ``event_id`` is a sha256
@@ -75,12 +81,26 @@ def _telemetry(value: Decimal | int | None) -> Decimal | None:
 
 
 def held_fraction(pod: PodInfo, window_start: datetime, window_end: datetime) -> Decimal:
-    """Part of the window after the pod's start (1 when it started earlier or is unknown)."""
-    if pod.start_time is None or pod.start_time <= window_start:
-        return Decimal(1)
-    if pod.start_time >= window_end:
+    """Part of the window the pod held its units: after its start and, once it finished, before its end.
+
+    A pod that started earlier (or whose start is unknown) holds from the window's start. A
+    Succeeded or Failed pod holds until its last container ended, and nothing when that end is
+    not recorded: the kubelet keeps listing a finished pod's devices until the pod object is
+    deleted, and may hand the same device to the next pod meanwhile.
+    """
+    begin = window_start
+    if pod.start_time is not None and pod.start_time > window_start:
+        begin = pod.start_time
+    end = window_end
+    if pod.finished:
+        if pod.finish_time is None:
+            return Decimal(0)
+        end = min(end, pod.finish_time)
+    if end <= begin:
         return Decimal(0)
-    held = (window_end - pod.start_time).total_seconds()
+    if begin == window_start and end == window_end:
+        return Decimal(1)
+    held = (end - begin).total_seconds()
     total = (window_end - window_start).total_seconds()
     return Decimal(str(round(held / total, 6)))
 
@@ -89,6 +109,7 @@ def held_fraction(pod: PodInfo, window_start: datetime, window_end: datetime) ->
 class BuildStats:
     unattributed: int = 0  # devices held by a pod the metadata cache does not know (yet)
     unknown_devices: int = 0  # devices NVML never reported
+    finished_holders: int = 0  # devices still listed for a pod that had finished before the window
     invalid: int = 0  # samples that failed contract 1 (a bug: logged)
     skipped_reasons: dict[str, int] = field(default_factory=dict)
 
@@ -149,7 +170,8 @@ class SampleBuilder:
         usage = node_stats.pods if node_stats is not None else {}
         seen_claims: set[str] = set()
         for pod in by_name.values():
-            if pod.phase != "Running" or not pod.uid:
+            # Running pods, and pods that finished inside the window (for the part before their end).
+            if not pod.uid or not (pod.phase == "Running" or pod.finished):
                 continue
             fraction = held_fraction(pod, window_start, window_end)
             if fraction <= 0:
@@ -173,10 +195,7 @@ class SampleBuilder:
     ) -> list[UsageSample]:
         out: list[UsageSample] = []
         emitted: set[tuple[str, str]] = set()
-        holders: dict[str, int] = {}
-        allocations = list(allocations)
-        for allocation in allocations:
-            holders[allocation.device_uuid] = holders.get(allocation.device_uuid, 0) + 1
+        held: list[tuple[DeviceAllocation, PodInfo, Decimal, GpuInfo, MigInstance | None]] = []
         for allocation in allocations:
             pod = by_name.get((allocation.namespace, allocation.pod))
             if pod is None or not pod.uid:
@@ -189,12 +208,30 @@ class SampleBuilder:
             if found is None:
                 self.stats.unknown_devices += 1
                 continue
-            gpu, mig = found
-            share = mig.share if mig is not None else allocation.share
             fraction = held_fraction(pod, start, end)
             if fraction <= 0:
+                if pod.finished:
+                    self.stats.finished_holders += 1
                 continue
-            reading = readings.get(allocation.device_uuid)
+            held.append((allocation, pod, fraction, *found))
+        # Who holds each device during this window: distinct pods, finished ones left out (the kubelet
+        # keeps listing a finished pod's device, and hands it to the next pod meanwhile).
+        holders: dict[str, set[str]] = {}
+        claimants: dict[str, set[str]] = {}  # a DRA device -> the live pods whose claims hold it
+        for allocation, pod, *_ in held:
+            holders.setdefault(allocation.device_uuid, set()).add(pod.uid)
+            if allocation.claim is not None:
+                claimants.setdefault(allocation.device_id, set()).add(pod.uid)
+        for allocation, pod, fraction, gpu, mig in held:
+            # A MIG device's share of its GPU, times the replica's share when the MIG device is time-sliced.
+            share = allocation.share * mig.share if mig is not None else allocation.share
+            if allocation.claim is not None:
+                # A DRA device shared by several pods (one claim used by all, or a consumable share):
+                # split evenly among them, so the device bills at most once.
+                share = share / len(claimants[allocation.device_id])
+            # Whole-GPU telemetry never rides on a slice of it (a MIG profile billed on its parent).
+            slice_of_parent = mig is None and gpu.mig_enabled
+            reading = None if slice_of_parent else readings.get(allocation.device_uuid)
             fields = self._common(pod, "gpu", allocation.device_id, start, end)
             fields.update(
                 quantity=quantity(share * fraction),
@@ -207,7 +244,7 @@ class SampleBuilder:
                 },
             )
             if reading is not None and not reading.lost:
-                exclusive = holders.get(allocation.device_uuid, 1) == 1
+                exclusive = len(holders[allocation.device_uuid]) == 1
                 memory_used: Decimal | int | None = reading.memory_used_bytes
                 if not exclusive:
                     # A shared (time-sliced) GPU: this pod's processes only, when the PIDs are visible.

@@ -157,20 +157,23 @@ def test_no_gpu_allocated_is_an_empty_list_not_silence(socket_path: Path) -> Non
 
 
 def test_finished_pods_are_allocated_exactly_as_long_as_they_are_billed(socket_path: Path) -> None:
-    """The kubelet keeps listing a finished pod's devices until the pod is deleted; the GPU samples
-    bill it for that long (samples.py), and the allocation record shows the GPU taken for as long.
-    Once the kubelet stops listing it, the next record shows the GPU free."""
+    """The kubelet keeps listing a finished pod's devices until the pod object is deleted, and the
+    device plugin may hand them to the next pod meanwhile: from its end on, the pod is neither
+    billed (samples.py) nor shown holding the GPU."""
     job = PodSpec("team-a", "job", [ContainerSpec("main", {GPU: [gpu_uuid(2)]})])
-    metadata = StaticPodMetadata([pod("team-a", "job", "uid-job", phase="Succeeded", gpus=1)])
-    lister = Lister([job])
-    with serve(socket_path, lister):
-        collector = collector_for(socket_path, metadata)
+    with serve(socket_path, Lister([job])):
+        running = pod("team-a", "job", "uid-job", gpus=1)
+        collector = collector_for(socket_path, StaticPodMetadata([running]))
         samples, (record,) = window(collector)
         billed = [(s.pod, s.labels["gpu_index"]) for s in samples if s.kind == "gpu"]
         assert billed == [("job", "2")]
         assert [(a.pod, a.gpu_indices) for a in record.assignments] == [("job", [2])]
-        lister.pods = []  # the pod object was deleted: the kubelet no longer lists it
-        samples, (record,) = window(collector, END)
+        done = pod("team-a", "job", "uid-job", phase="Succeeded", gpus=1)
+        done["status"]["containerStatuses"] = [
+            {"name": "main", "state": {"terminated": {"exitCode": 0, "finishedAt": END.isoformat()}}}
+        ]
+        collector.metadata = StaticPodMetadata([done])  # ended as the first window closed
+        samples, (record,) = window(collector, END)  # the kubelet still lists its device
     assert [s for s in samples if s.kind == "gpu"] == []
     assert record.assignments == [] and record.at == END + timedelta(seconds=15)
 

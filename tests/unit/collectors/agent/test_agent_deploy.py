@@ -1,0 +1,131 @@
+"""deploy/agent as written: where the DaemonSet runs, what the NVIDIA runtime gives it (MIG monitoring),
+how it is probed, and an image recipe whose sources exist. (tests/kube/test_agent_manifest.py and
+tests/kube/test_agent_daemonset.py put the same files in front of a real apiserver and scheduler.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.agent
+
+ROOT = Path(__file__).resolve().parents[4]
+DEPLOY = ROOT / "deploy" / "agent"
+
+
+def daemonset() -> dict[str, Any]:
+    documents = [d for d in yaml.safe_load_all((DEPLOY / "daemonset.yaml").read_text()) if d]
+    (found,) = [d for d in documents if d["kind"] == "DaemonSet"]
+    return found
+
+
+def pod_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = daemonset()["spec"]["template"]["spec"]
+    return spec
+
+
+def agent() -> dict[str, Any]:
+    (container,) = pod_spec()["containers"]
+    return dict(container)
+
+
+def env() -> dict[str, str]:
+    return {item["name"]: item.get("value", "") for item in agent()["env"]}
+
+
+def test_it_tolerates_every_taint() -> None:
+    assert pod_spec()["tolerations"] == [{"operator": "Exists"}]
+
+
+def gpu_terms() -> list[list[dict[str, Any]]]:
+    affinity = pod_spec()["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return [term["matchExpressions"] for term in affinity["nodeSelectorTerms"]]
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {"nvidia.com/gpu.present": "true"},  # GPU feature discovery
+        {"feature.node.kubernetes.io/pci-10de.present": "true"},  # node feature discovery
+        {"cloud.google.com/gke-accelerator": "nvidia-l4"},  # GKE
+        {"kubernetes.azure.com/accelerator": "nvidia"},  # AKS
+        {"karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia"},  # EKS + Karpenter
+        {"gpumeter.io/gpu": "true"},  # labelled by hand
+    ],
+)
+def test_any_one_gpu_label_places_it_without_gpu_feature_discovery(labels: dict[str, str]) -> None:
+    assert "nodeSelector" not in pod_spec()
+    assert any(all(matches(expression, labels) for expression in term) for term in gpu_terms())
+
+
+def test_a_node_without_gpu_labels_gets_no_agent() -> None:
+    cpu_node = {"kubernetes.io/os": "linux", "cloud.google.com/gke-nodepool": "default-pool"}
+    assert not any(all(matches(expression, cpu_node) for expression in term) for term in gpu_terms())
+
+
+def matches(expression: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A node selector requirement against node labels, as the scheduler reads it."""
+    key, operator = expression["key"], expression["operator"]
+    if operator == "Exists":
+        return key in labels
+    if operator == "In":
+        return labels.get(key) in expression["values"]
+    raise AssertionError(f"operator {operator} not expected in the agent's affinity")
+
+
+def test_no_runtime_class_is_required() -> None:
+    assert "runtimeClassName" not in pod_spec()
+    # ... and the manifest says how to add one where it is needed.
+    assert "# runtimeClassName: nvidia" in (DEPLOY / "daemonset.yaml").read_text()
+
+
+def test_mig_devices_are_visible_to_it() -> None:
+    values = env()
+    assert values["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
+    assert values["NVIDIA_VISIBLE_DEVICES"] == "all" and values["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    security = agent()["securityContext"]
+    # The runtime grants the MIG monitor capability only with CAP_SYS_ADMIN; nothing else is kept.
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert not security.get("privileged", False)
+
+
+def test_liveness_is_the_healthz_of_the_metrics_port() -> None:
+    container = agent()
+    (port,) = container["ports"]
+    assert port["containerPort"] == int(env()["GPUMETER_AGENT_METRICS_PORT"])
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe == {"path": "/healthz", "port": port["name"]}
+    # The endpoint fails after 3 windows; the probe must not restart a healthy agent sooner.
+    liveness = container["livenessProbe"]
+    interval = int(env()["GPUMETER_AGENT_INTERVAL"])
+    assert liveness["initialDelaySeconds"] + liveness["periodSeconds"] >= 3 * interval
+
+
+def test_the_image_recipe_copies_sources_that_exist_and_runs_the_agent() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    sources = [
+        source
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+        for source in line.split()[1:-1]
+    ]
+    assert sources, "the Dockerfile copies nothing"
+    for source in sources:
+        assert (ROOT / source).exists(), f"COPY {source}: no such path in the repository"
+    # Every package the distribution installs (pyproject's find.include) is copied.
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include = \[([^\]]*)\]", pyproject)
+    assert include is not None
+    packages = {p.strip().strip('"').rstrip("*") for p in include.group(1).split(",")}
+    assert packages <= {s.rstrip("/") for s in sources}
+    ignored = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert all(f"!{source}" in ignored for source in sources), "the build context leaves a source out"
+    exposed = re.search(r"^EXPOSE (\d+)$", dockerfile, re.MULTILINE)
+    assert exposed is not None and exposed.group(1) == env()["GPUMETER_AGENT_METRICS_PORT"]
+    assert 'ENTRYPOINT ["gpumeter"]' in dockerfile
+    assert agent()["command"] == ["gpumeter", "collect", "--source", "nvml"]
