@@ -679,6 +679,9 @@ class NvmlSource:
                 model=gpu.model,
                 nvlink_peers=sorted(peers[gpu.index]),
                 numa_node=gpu.numa_node,
+                memory_bytes=gpu.memory_total_bytes,
+                pci_bus_id=gpu.pci_bus_id,
+                mig_enabled=gpu.mig_enabled,
             )
             for gpu in inventory
         ]

@@ -15,8 +15,9 @@ Model
   the first ``mig_gpus_per_node[model]`` GPUs of every node are partitioned into 7
   slices each; the remaining GPUs are handed out whole.
 * Tenants submit jobs as a Poisson process per window (``random.Random(seed)``), with a
-  mild diurnal swing. A job asks for 1, 2, 4 or 8 whole GPUs of one model, or for one
-  MIG slice. It is placed first-fit on the nodes of its model (by free count); there it
+  daily and weekly rhythm and growth (collectors/sim/rhythm.py). A job asks for 1, 2, 4
+  or 8 whole GPUs of one model, or for one MIG slice. It is placed first-fit on the
+  nodes of its model (by free count); there it
   gets the free GPUs the device plugin would pick, the best-connected set
   (collectors/sim/allocation.py; on an all-NVLink board, the lowest free indices). Jobs
   that do not fit wait in a FIFO queue that is re-scanned every window (backfill:
@@ -79,6 +80,7 @@ from typing import Any, TypeVar
 
 from collectors.sim.allocation import LinkTable, best_free_set
 from collectors.sim.hardware import GIB, GPU_SPECS, GpuSpec, node_topology
+from collectors.sim.rhythm import arrival_factor
 from gpumeter.core.models import (
     CAPACITY_TYPES,
     CapacityType,
@@ -413,6 +415,7 @@ class SimulatedFleet:
                     gpus_per_node=gpus,
                     namespace=self._uid_namespace,
                     at=self._clock,
+                    mig_gpus=mig_gpus,
                 )
                 nodes.append(
                     _Node(
@@ -612,8 +615,7 @@ class SimulatedFleet:
         hours = self.config.window_seconds / 3600.0
         factor = 1.0
         if self.config.diurnal:
-            hour = start.hour + start.minute / 60.0
-            factor = 1.0 + 0.35 * math.sin(2.0 * math.pi * (hour - 9.0) / 24.0)
+            factor = arrival_factor(start, self.config.start)
         submitted = False
         for tenant in self._tenants:
             count = _poisson(rng, tenant.arrivals_per_hour * hours * factor)

@@ -131,6 +131,7 @@ def node_topology(
     gpus_per_node: int,
     namespace: uuid.UUID,
     at: datetime,
+    mig_gpus: int = 0,
 ) -> NodeTopology:
     """The GPU layout of one simulated node (module docstring).
 
@@ -144,6 +145,9 @@ def node_topology(
             model=spec.model,
             nvlink_peers=[j for j in indices if j != i] if spec.nvlink else [],
             numa_node=numa_node(spec, i, gpus_per_node),
+            memory_bytes=spec.memory_bytes,
+            pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+            mig_enabled=i < mig_gpus,  # the fleet partitions the first mig_gpus GPUs of a node
         )
         for i in indices
     ]

@@ -136,7 +136,8 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
 
 def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, out_dir: Path,
            console: Console) -> int:
-    from dashboards.finance_report import daily_spend, render
+    from dashboards.finance_report import daily_spend, write_report
+    from dashboards.insights_job import run_for_report
     from pricing.exports import write_invoice
     from pricing.issue import MonthData, billable_tenants, billing, invoice_for
 
@@ -174,8 +175,9 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report = out_dir / "finance-report.html"
-    report.write_text(render(daily_spend(client), documents, generated), encoding="utf-8")
+    # Idle GPUs and forecasts: advice events and tables like `gpumeter insights`, and report sections.
+    insights = run_for_report(settings, client)
+    report = write_report(out_dir, daily_spend(client), documents, generated, insights)
     console.print(
         f"stored {stats.stored:,} rated samples in {elapsed:.0f} s ({summary['stored_per_second']:,}/s), "
         f"{stats.dead} dead letters, {summary['duplicates_dropped']} duplicates dropped "

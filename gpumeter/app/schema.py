@@ -7,9 +7,10 @@ from clickhouse_connect.driver.client import Client
 from gpumeter.infra import clickhouse
 from gpumeter.infra.schema import PIPELINE
 from gpumeter.infra.tables import SchemaOwner
+from insights.tables import INSIGHTS
 from pricing.store import PRICING
 
-OWNERS: tuple[SchemaOwner, ...] = (PIPELINE, PRICING)
+OWNERS: tuple[SchemaOwner, ...] = (PIPELINE, PRICING, INSIGHTS)
 
 
 def migrate(client: Client) -> list[str]:

@@ -128,7 +128,7 @@ class UsageSample(BaseModel):
         """Exact window length in seconds, to the nanosecond the sender gave."""
         cached = self.__dict__.get(_WINDOW_CACHE)
         if cached is not None and cached[0] is self.window_start and cached[1] is self.window_end:
-            return cached[2]  # type: ignore[no-any-return]
+            return cached[2]
         return _exact_window(self.window_start, self.window_end, 0, 0)
 
     @property
@@ -309,6 +309,8 @@ class PreemptionRecord(BaseModel):
 
 
 class GpuDevice(BaseModel):
+    """One GPU of a node's topology record (contract 8)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     index: int
@@ -316,6 +318,10 @@ class GpuDevice(BaseModel):
     model: str
     nvlink_peers: list[int] = Field(default_factory=list)
     numa_node: int | None = None
+    memory_bytes: int | None = None
+    pci_bus_id: str | None = None
+    # A GPU in MIG mode is handed out as MIG devices, never whole: not free for nvidia.com/gpu.
+    mig_enabled: bool = False
 
 
 class NodeTopology(BaseModel):

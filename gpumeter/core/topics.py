@@ -20,6 +20,8 @@ TOPOLOGY = "gpumeter.node.topology.v1"
 QUOTA_EVENTS = "gpumeter.quota.events.v1"
 ALLOCATION = "gpumeter.node.allocation.v1"
 PREEMPTIONS = "gpumeter.preemptions.v1"
+# Idle-GPU advice (insights): advice only, nothing acts on it automatically.
+ADVICE = "gpumeter.advice.v1"
 
 ALL: tuple[TopicSpec, ...] = (
     TopicSpec(SAMPLES, "samples"),
@@ -29,6 +31,7 @@ ALL: tuple[TopicSpec, ...] = (
     TopicSpec(ALLOCATION, "other", compacted=True, key="node"),
     TopicSpec(QUOTA_EVENTS, "other"),
     TopicSpec(PREEMPTIONS, "other"),
+    TopicSpec(ADVICE, "other"),
 )
 
 

@@ -348,3 +348,16 @@ def test_index_alike_nodes_answer_alike() -> None:
         free = 8 - i % 8
         assert index.free(f"a{i}") == free
         assert index.score(f"a{i}", 1) == int(10 / free + 0.5)
+
+
+def test_mig_mode_gpus_are_never_free_for_a_whole_gpu_pod() -> None:
+    """Contract 8's MIG mode: a partitioned GPU is handed out as MIG devices, so an idle one
+    must not count as a free whole GPU (nor anchor a well-connected set)."""
+    topo = a100()
+    partitioned = topo.model_copy(update={"gpus": [
+        gpu.model_copy(update={"mig_enabled": gpu.index < 3}) for gpu in topo.gpus]})
+    node = NodeGpus.from_records(partitioned, allocation("a100-0", 3))
+    assert sorted(node.free) == [4, 5, 6, 7]
+    assert best_set(node, 5) is None
+    chosen = best_set(node, 4)
+    assert chosen is not None and sorted(chosen[0]) == [4, 5, 6, 7]
