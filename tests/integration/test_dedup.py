@@ -95,6 +95,12 @@ def test_two_differing_copies_in_one_batch_first_wins(
                                 "AND reason_code = 'duplicate_conflict'") == 1
 
 
+TOTALS = ("SELECT tenant, period, count(), sum(unit_seconds) FROM rated_usage "
+          "GROUP BY tenant, period ORDER BY tenant, period")
+ROLLUP_TOTALS = ("SELECT tenant, period, sum(samples), sum(unit_seconds) FROM usage_hourly "
+                 "GROUP BY tenant, period ORDER BY tenant, period")
+CREATE_QUERY = ("SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
+                "AND name = 'rated_usage'")
 OLD_KEY_RATED_USAGE = RATED_USAGE.create_sql().replace(
     "ORDER BY (tenant, window_start, event_id)", "ORDER BY (tenant, event_id)")
 
@@ -110,15 +116,10 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         migration_1 = next(m for m in PIPELINE.migrations if m.version == 1)
         for statement in migration_1.statements[1:]:  # dead letters, rollup and its view as shipped
             client.command(statement)
-        assert "ORDER BY (tenant, event_id)" in clickhouse.scalar(
-            client, "SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
-                    "AND name = 'rated_usage'")
+        assert "ORDER BY (tenant, event_id)" in clickhouse.scalar(client, CREATE_QUERY)
         # 3 tenants x 2 months x 500 rows, inserted the way the sink does (the view fills the rollup).
         client.command(
-            "INSERT INTO rated_usage (event_id, tenant, period, kind, cluster, node, namespace, pod, pod_uid, "
-            "window_start, window_end, quantity, unit_seconds, gpu_model, mig_profile, capacity_type, priority, "
-            "rate_card, currency, unit_price, capacity_multiplier, list_cost, utilization, energy_joules, labels, "
-            "source_partition, source_offset) "
+            f"INSERT INTO rated_usage ({', '.join(RATED_USAGE.insert_columns)}) "
             "SELECT concat('e', toString(number)), concat('t', toString(number % 3)), "
             "if(number % 2 = 0, '2026-11', '2026-12'), 'gpu', 'c', 'n', 'ns', 'p', 'u', "
             "if(number % 2 = 0, toDateTime64('2026-11-05 00:00:00', 6, 'UTC'), "
@@ -127,25 +128,19 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
             "toDateTime64('2026-12-05 00:01:00', 6, 'UTC')) + toIntervalSecond(number * 60), "
             "1, 60, 'H100-SXM-80GB', NULL, 'on-demand', 0, '2026-11', 'USD', 2.5, 1, 0.041666666666666667, "
             "NULL, NULL, map(), 0, number FROM numbers(3000)")
-        before = client.query("SELECT tenant, period, count(), sum(unit_seconds) FROM rated_usage "
-                              "GROUP BY tenant, period ORDER BY tenant, period").result_rows
-        rollup_before = client.query("SELECT tenant, period, sum(samples), sum(unit_seconds) FROM usage_hourly "
-                                     "GROUP BY tenant, period ORDER BY tenant, period").result_rows
+        before = client.query(TOTALS).result_rows
+        rollup_before = client.query(ROLLUP_TOTALS).result_rows
 
         applied = clickhouse.migrate(client, [PIPELINE])
         assert applied == ["pipeline/4"]
 
-        after = client.query("SELECT tenant, period, count(), sum(unit_seconds) FROM rated_usage "
-                             "GROUP BY tenant, period ORDER BY tenant, period").result_rows
-        rollup_after = client.query("SELECT tenant, period, sum(samples), sum(unit_seconds) FROM usage_hourly "
-                                    "GROUP BY tenant, period ORDER BY tenant, period").result_rows
+        after = client.query(TOTALS).result_rows
+        rollup_after = client.query(ROLLUP_TOTALS).result_rows
         assert len(before) == 6 and sum(row[2] for row in before) == 3000
         assert after == before
         assert rollup_after == rollup_before  # the copy did not pass through the rollup's view
         assert clickhouse.scalar(client, "SELECT count() FROM event_ids") == 3000
-        assert "ORDER BY (tenant, window_start, event_id)" in clickhouse.scalar(
-            client, "SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
-                    "AND name = 'rated_usage'")
+        assert "ORDER BY (tenant, window_start, event_id)" in clickhouse.scalar(client, CREATE_QUERY)
         # The view is attached again: a new row reaches the rollup once.
         client.command("INSERT INTO rated_usage SELECT * REPLACE ('new' AS event_id) "
                        "FROM (SELECT * FROM rated_usage WHERE event_id = 'e0')")

@@ -186,7 +186,8 @@ def test_the_fleet_picks_what_the_extender_assumes_the_device_plugin_picks() -> 
     scheduler_hooks.placement.best_set predicts (an independent implementation)."""
     # The link layouts only: the fleet's MIG-mode GPUs (never whole-GPU candidates) are compared too.
     topologies = [
-        topology.model_copy(update={"gpus": [gpu.model_copy(update={"mig_enabled": False}) for gpu in topology.gpus]})
+        topology.model_copy(
+            update={"gpus": [gpu.model_copy(update={"mig_enabled": False}) for gpu in topology.gpus]})
         for topology in fleet_topologies().values()
     ]
     compared = 0
