@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
+from clickhouse_connect.driver.external import ExternalData
 
 from gpumeter.core import jsonio
 from gpumeter.core.models import RatedUsage
@@ -48,8 +49,17 @@ from gpumeter.infra.tables import Table
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# The anti-join sends every event_id of a batch in the query text.
-QUERY_SETTINGS = {"max_query_size": 64 * 1024 * 1024}
+# A batch's event_ids travel as an external table, not as literals in the query text: the
+# server parses 5,000 literals about four times slower than it reads the same ids as data.
+IDS_TABLE = "batch_ids"
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def ids_table(ids: Sequence[str]) -> ExternalData:
+    """The ids as a one-column TabSeparated external table named IDS_TABLE."""
+    text = "".join(event_id.translate(_TSV_ESCAPES) + "\n" for event_id in ids)
+    return ExternalData(file_name=IDS_TABLE, data=text.encode(), fmt="TabSeparated",
+                        structure=["event_id String"])
 
 
 Row = tuple[Any, ...]
@@ -224,8 +234,8 @@ class ClickHouseSink:
         """Billing fields of the first stored copy of each id that has one (key lookups)."""
         found = client.query(
             f"SELECT event_id, {', '.join(FINGERPRINT_COLUMNS)} FROM {EVENT_IDS.name} "
-            "WHERE event_id IN %(ids)s",
-            parameters={"ids": ids}, settings=QUERY_SETTINGS,
+            f"WHERE event_id IN {IDS_TABLE}",
+            external_data=ids_table(ids),
         ).result_rows
         return {row[0]: fingerprint(row[1:]) for row in found}
 
@@ -239,16 +249,15 @@ class ClickHouseSink:
         found = client.query(
             "SELECT event_id FROM rated_usage WHERE period IN %(periods)s AND tenant IN %(tenants)s "
             "AND window_start BETWEEN toDateTime64(%(first)s, 6, 'UTC') AND toDateTime64(%(last)s, 6, 'UTC') "
-            "AND event_id IN %(ids)s",
+            f"AND event_id IN {IDS_TABLE}",
             parameters={
                 "periods": sorted({row[_PERIOD] for row in rows}),
                 "tenants": sorted({row[_TENANT] for row in rows}),
                 # Text with microseconds: a datetime parameter may be rendered to the second.
                 "first": min(starts).isoformat(sep=" ", timespec="microseconds"),
                 "last": max(starts).isoformat(sep=" ", timespec="microseconds"),
-                "ids": [row[_ID] for row in rows],
             },
-            settings=QUERY_SETTINGS,
+            external_data=ids_table([row[_ID] for row in rows]),
         ).result_rows
         return {event_id for (event_id,) in found}
 

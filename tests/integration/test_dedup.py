@@ -101,6 +101,24 @@ ROLLUP_TOTALS = ("SELECT tenant, period, sum(samples), sum(unit_seconds) FROM us
                  "GROUP BY tenant, period ORDER BY tenant, period")
 CREATE_QUERY = ("SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
                 "AND name = 'rated_usage'")
+def test_ids_with_tabs_newlines_and_backslashes_are_found_again(settings: Settings) -> None:
+    """The sink sends a batch's ids as a TabSeparated external table: escaping must round-trip."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    awkward = ["tab\there", "new\nline", "back\\slash\\t", "cr\rret", "plain"]
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    try:
+        first = sink.store_rated([tuple(rated_row_values(event_id)) for event_id in awkward])
+        again = sink.store_rated([tuple(rated_row_values(event_id)) for event_id in awkward])
+        changed = sink.store_rated([tuple(rated_row_values(name, tenant="team-b")) for name in awkward])
+    finally:
+        sink.close()
+    assert (first.stored, again.stored, changed.stored) == (5, 0, 0)
+    assert (again.conflicts, len(changed.conflicts)) == ([], 5)
+    assert count_rows(settings, "SELECT count() FROM rated_usage") == 5
+
+
 OLD_KEY_RATED_USAGE = RATED_USAGE.create_sql().replace(
     "ORDER BY (tenant, window_start, event_id)", "ORDER BY (tenant, event_id)")
 

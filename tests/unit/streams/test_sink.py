@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
+from clickhouse_connect.driver.external import ExternalData
 
 from gpumeter.infra.schema import EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from streams.app import BatchWriter
-from streams.sink import ClickHouseSink, Row, StoreResult, is_permanent
+from streams.sink import IDS_TABLE, ClickHouseSink, Row, StoreResult, is_permanent
 
 PRIORITY = RATED_USAGE.insert_columns.index("priority")
 
@@ -40,8 +41,13 @@ class FakeClickHouseClient:
         self.server_error = server_error
         self.inserts = 0
 
-    def query(self, sql: str, parameters: dict[str, Any], settings: dict[str, Any]) -> FakeResult:
-        wanted = set(parameters["ids"])
+    def query(self, sql: str, parameters: dict[str, Any] | None = None,
+              settings: dict[str, Any] | None = None, *,
+              external_data: ExternalData | None = None) -> FakeResult:
+        # The ids come as the real client sends them: an external TabSeparated table.
+        assert external_data is not None and external_data.files[0].name == IDS_TABLE
+        wanted = {line.encode().decode("unicode_escape")
+                  for line in external_data.files[0].data.decode().splitlines()}
         if "FROM event_ids" in sql:
             width = 1 + len(FINGERPRINT_COLUMNS)
             return FakeResult([stored[:width] for key, stored in self.event_ids.items() if key in wanted])
