@@ -31,6 +31,7 @@ import math
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpumeter.core.models import NodeAllocation, NodeTopology
 
@@ -147,7 +148,8 @@ class NodeGpus:
         """Build from the two contract-8 records. Unknown class strings count as SYS."""
         if allocation is not None and allocation.node != topology.node:
             raise ValueError(f"allocation of node {allocation.node!r} given for node {topology.node!r}")
-        indices = tuple(sorted({gpu.index for gpu in topology.gpus}))
+        # MIG-mode GPUs are handed out as MIG devices: never part of a whole-GPU set.
+        indices = tuple(sorted({gpu.index for gpu in topology.gpus if not gpu.mig_enabled}))
         return cls(
             node=topology.node,
             indices=indices,
@@ -348,6 +350,7 @@ class _ScoreTable(dict[int, "int | None"]):
 
 
 _MISSING = object()
+_MAX_CACHED_K = 64  # distinct GPU counts with a score cache (pods ask for 1, 2, 4, 8 in practice)
 
 
 class NodeEntry:
@@ -389,6 +392,8 @@ class PlacementIndex:
 
     def __init__(self) -> None:
         self._entries: dict[str, NodeEntry] = {}
+        self._free: dict[str, int] = {}  # known free counts only: the filter's one lookup per node
+        self._by_k: dict[int, dict[str, int | None]] = {}  # scores(): k -> node -> score
         self._topologies: dict[str, tuple[tuple[int, ...], dict[tuple[int, int], LinkClass]]] = {}
         self._allocated: dict[str, frozenset[int]] = {}
         self._capacity: dict[str, int] = {}
@@ -398,7 +403,8 @@ class PlacementIndex:
 
     # -- updates ---------------------------------------------------------------------------
     def update_topology(self, topology: NodeTopology) -> None:
-        indices = tuple(sorted({gpu.index for gpu in topology.gpus}))
+        # MIG-mode GPUs are handed out as MIG devices: never part of a whole-GPU set.
+        indices = tuple(sorted({gpu.index for gpu in topology.gpus if not gpu.mig_enabled}))
         layout = (indices, parse_links(topology.links, indices))
         if self._topologies.get(topology.node) == layout:
             return
@@ -423,7 +429,9 @@ class PlacementIndex:
         self._rebuild(node)
 
     def remove(self, node: str) -> None:
+        self._forget_scores(node)
         self._entries.pop(node, None)
+        self._free.pop(node, None)
         self._topologies.pop(node, None)
         self._allocated.pop(node, None)
         self._capacity.pop(node, None)
@@ -432,6 +440,11 @@ class PlacementIndex:
     @property
     def entries(self) -> Mapping[str, NodeEntry]:
         return self._entries
+
+    @property
+    def free_counts(self) -> Mapping[str, int]:
+        """Free GPUs per node, for the nodes whose count is known."""
+        return self._free
 
     def entry(self, node: str) -> NodeEntry | None:
         return self._entries.get(node)
@@ -448,18 +461,23 @@ class PlacementIndex:
         return found.score(k)
 
     def scores(self, nodes: Iterable[str], k: int) -> list[int | None]:
-        """``score`` for many nodes at once: the request path, one dict lookup per node when warm."""
-        entries = self._entries
-        unknown = 0 if k <= 0 else NEUTRAL_SCORE
-        answers: list[int | None] = []
-        append = answers.append
-        for node in nodes:
-            found = entries.get(node)
-            if found is None:
-                append(unknown)
-                continue
-            cached = found._table.get(k, _MISSING)
-            append(found.score(k) if cached is _MISSING else cached)  # type: ignore[arg-type]
+        """``score`` for many nodes at once: the request path.
+
+        Answers per k are cached by node (and dropped when the node changes), so a warm request
+        is one C-level ``map`` over a dict, with no Python-level loop per node.
+        """
+        names = nodes if isinstance(nodes, list) else list(nodes)
+        cache = self._by_k.get(k)
+        if cache is None:
+            if len(self._by_k) >= _MAX_CACHED_K:
+                self._by_k.clear()
+            cache = self._by_k[k] = {}
+        answers: list[Any] = list(map(cache.get, names, itertools.repeat(_MISSING, len(names))))
+        if _MISSING in answers:
+            for position, value in enumerate(answers):
+                if value is _MISSING:
+                    node = names[position]
+                    answers[position] = cache[node] = self.score(node, k)
         return answers
 
     def __contains__(self, node: object) -> bool:
@@ -469,7 +487,12 @@ class PlacementIndex:
         return len(self._entries)
 
     # -- internals -------------------------------------------------------------------------
+    def _forget_scores(self, node: str) -> None:
+        for cache in self._by_k.values():
+            cache.pop(node, None)
+
     def _rebuild(self, node: str) -> None:
+        self._forget_scores(node)
         allocated = self._allocated.get(node, frozenset())
         layout = self._topologies.get(node)
         if layout is not None:
@@ -477,13 +500,19 @@ class PlacementIndex:
             gpus = NodeGpus(node, indices, links, allocated & frozenset(indices))
             key: tuple[object, ...] = ("topology", indices, tuple(sorted(links.items())), gpus.allocated)
             self._entries[node] = NodeEntry(node, gpus, len(gpus.free), self._table(key))
+            self._free[node] = len(gpus.free)
             return
         capacity = self._capacity.get(node)
         free = None if capacity is None else max(0, capacity - len(allocated))
         if capacity is None and node not in self._allocated:
             self._entries.pop(node, None)
+            self._free.pop(node, None)
             return
         self._entries[node] = NodeEntry(node, None, free, self._table(("count", free)))
+        if free is None:
+            self._free.pop(node, None)
+        else:
+            self._free[node] = free
 
     def _table(self, key: tuple[object, ...]) -> _ScoreTable:
         table = self._tables.get(key)

@@ -157,17 +157,23 @@ class Policy:
             return FilterResult([], {}, dict.fromkeys(names, refused))
         if pod.gpus <= 0:
             return FilterResult(names, {}, {})
-        entries = self.view.placement.entries
+        # The hot loop of the extender (5,000 nodes in a few ms): one dict lookup per node,
+        # one message per distinct free count.
+        free_of = self.view.placement.free_counts.get
         need = pod.gpus
         passed: list[str] = []
+        keep = passed.append
         failed: dict[str, str] = {}
+        messages: dict[int, str] = {}
         for name in names:
-            entry = entries.get(name)
-            free = None if entry is None else entry.free
-            if free is not None and free < need:
-                failed[name] = capacity_message(free, need)
+            free = free_of(name)
+            if free is None or free >= need:
+                keep(name)
             else:
-                passed.append(name)
+                message = messages.get(free)
+                if message is None:
+                    message = messages[free] = capacity_message(free, need)
+                failed[name] = message
         return FilterResult(passed, failed, {})
 
     def prioritize(self, pod: PodRequest, node_names: Iterable[str]) -> list[tuple[str, int]]:

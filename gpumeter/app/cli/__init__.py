@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     drain = commands.add_parser("drain", help="wait until everything published is rated and stored")
     drain.add_argument("--timeout", type=_positive_float, default=300.0)
 
+    hooks = commands.add_parser("hooks", help="scheduler extender HTTP service and quota actuator")
+    hooks.add_argument("--dry-run", action="store_true",
+                       help="actuator records every decision and acts on none (default: hooks.dry_run)")
+
     quota = commands.add_parser("quota", help="tenant quotas: usage against limits")
     quota_commands = quota.add_subparsers(dest="quota_command", required=True, parser_class=_Parser)
     quota_status = quota_commands.add_parser("status", help="each tenant's usage, limits and state")
@@ -98,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("local", "up"), "down": ("local", "down"), "status": ("local", "status"),
     "worker": ("worker", "run"), "ingest": ("ingest", "run"), "drain": ("drain", "run"),
-    "quota": ("quota", "run"),
+    "quota": ("quota", "run"), "hooks": ("hooks", "run"),
     "invoice": ("invoice", "run"), "collect": ("collect", "run"), "demo": ("demo", "run"),
 }
 

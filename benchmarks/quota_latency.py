@@ -1,0 +1,604 @@
+"""Quota enforcement latency: a crossing produced -> its eviction reaching the API server.
+
+    .venv/bin/python benchmarks/quota_latency.py [--crossings 200] [--pace 0.1] [--skip-pipeline]
+
+Everything real, on this machine: Kafka and ClickHouse from `gpumeter up` (started if
+needed, in a namespace of topics and a database of its own, dropped afterwards), and the test
+control plane of tests/kube (etcd, kube-apiserver, kube-controller-manager built from source,
+KWOK running the pods), started here through tests/kube/fixtures.py's helpers.
+
+Three measurements in one run, each over ``--crossings`` crossings, one tenant and one GPU pod
+per crossing, all tenants ``on_exceed: preempt`` with ``grace_seconds: 0``:
+
+- raw Kafka: a small record produced here and consumed in another process (aiokafka, as the
+  actuator consumes), paced like the crossings: the floor of one Kafka hop;
+- actuator: a QuotaEvent (gpu_hours exceeded) produced here -> the actuator (its own process,
+  as in `gpumeter hooks`) -> Eviction API;
+- pipeline: the UsageSample that crosses the tenant's gpu_hours quota produced to the samples
+  topic -> `gpumeter worker` (rating, quota accounting) -> quota event -> actuator -> Eviction API.
+
+"Reaching the API server" is observed through a watch on the pods: the first event showing
+the pod with a deletionTimestamp (or deleted). It follows the eviction's write to etcd by the
+watch's own fan-out delay (milliseconds on loopback), so the numbers are a slight upper bound.
+Clocks: every timestamp is time.time() on this one host. Prints p50/p99 and the ratios to the
+raw Kafka hop; machines are noisy, ratios travel better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import multiprocessing
+import os
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+from kafka import KafkaProducer  # noqa: E402
+from kubernetes import client as k8s  # noqa: E402
+from kubernetes import watch as k8s_watch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from gpumeter.app import schema  # noqa: E402
+from gpumeter.app.runtime import services  # noqa: E402
+from gpumeter.app.runtime.worker_process import WorkerProcess  # noqa: E402
+from gpumeter.core import topics  # noqa: E402
+from gpumeter.core.models import QuotaEvent  # noqa: E402
+from gpumeter.core.settings import Settings, load_settings  # noqa: E402
+from gpumeter.core.topics import TopicSpec  # noqa: E402
+from gpumeter.infra import clickhouse, kafka  # noqa: E402
+from tests.kube.fixtures import (  # noqa: E402
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_VALUE,
+    Kube,
+    Process,
+    free_port,
+    gpu_node_manifest,
+    http_ok,
+    node_schedulable,
+    require_binaries,
+    start_kube,
+    wait_until,
+)
+
+console = Console()
+# Spawned, not forked: this process holds threads (watch, Kafka) that a fork would copy mid-flight.
+MP = multiprocessing.get_context("spawn")
+RESULTS = Path(__file__).resolve().parent / "results" / "quota-latency-latest.json"
+BENCH_LABEL = "gpumeter.io/bench"
+PODS_PER_NODE = 100
+GPU_HOURS_LIMIT = "0.01"  # 36 GPU-seconds: one 60 s window of one GPU crosses it
+
+
+# -- the control plane -----------------------------------------------------------------------------
+
+
+@contextmanager
+def control_plane(workdir: Path) -> Iterator[Kube]:
+    """etcd + kube-apiserver + kube-controller-manager + KWOK (the kube/kwok fixtures, unrolled)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    kube = start_kube(workdir)
+    bins = require_binaries("kwok", "kwok-stages.yaml")
+    port = free_port()
+    kwok = Process(
+        "kwok",
+        [
+            bins["kwok"],
+            f"--kubeconfig={kube.kubeconfig}",
+            f"--config={bins['kwok-stages.yaml']}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
+            "--manage-nodes-with-label-selector=",
+            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
+            "--disregard-status-with-label-selector=",
+            "--cidr=10.244.0.1/16",
+            "--node-ip=10.240.0.1",
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{port}",
+        ],
+        workdir / "kwok.log",
+    )
+    try:
+        wait_until(
+            lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), what="kwok /healthz", processes=[kwok]
+        )
+        yield kube
+    finally:
+        kwok.stop()
+        kube.stop()
+
+
+def make_nodes(core: k8s.CoreV1Api, count: int) -> list[str]:
+    names = [f"bench-gpu-{i}" for i in range(count)]
+    for name in names:
+        manifest = gpu_node_manifest(
+            name,
+            gpus=PODS_PER_NODE,
+            gpu_model="H100-SXM-80GB",
+            capacity_type="on-demand",
+            topology=None,
+            cpu="1000",
+            memory="4000Gi",
+            pods=PODS_PER_NODE + 10,
+            labels={},
+            taints=(),
+        )
+        core.create_node(body=k8s.V1Node.model_validate(manifest))
+    for name in names:
+        wait_until(functools.partial(node_schedulable, core, name), what=f"node {name} Ready")
+    return names
+
+
+def make_tenants(core: k8s.CoreV1Api, tenants: list[str], nodes: list[str], tag: str) -> None:
+    """One namespace (named after the tenant) and one 1-GPU pod per tenant, bound to a node."""
+    for tenant in tenants:
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=tenant)))
+    for index, tenant in enumerate(tenants):
+        resources = {"cpu": "10m", "memory": "16Mi", "nvidia.com/gpu": "1"}
+        body = {
+            "metadata": {"name": "job", "labels": {BENCH_LABEL: tag}},
+            "spec": {
+                "nodeName": nodes[index % len(nodes)],
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/bench:1",
+                        "resources": {"requests": resources, "limits": resources},
+                    }
+                ],
+            },
+        }
+        while True:
+            try:
+                core.create_namespaced_pod(tenant, k8s.V1Pod.model_validate(body))
+                break
+            except k8s.ApiException as exc:
+                # ServiceAccount admission refuses pods until the namespace's "default" account exists.
+                if exc.status != 403 or "serviceaccount" not in (exc.body or "").lower():
+                    raise
+                time.sleep(0.2)
+
+
+def queues_made(api: k8s.ApiClient) -> int:
+    """Volcano queues the actuator made so far: its first pass makes one per tenant (the
+    clock starts once that burst of API writes is over)."""
+    listed = k8s.CustomObjectsApi(api).list_cluster_custom_object(
+        "scheduling.volcano.sh", "v1beta1", "queues", label_selector="app.kubernetes.io/managed-by=gpumeter"
+    )
+    return len(listed.get("items") or []) if isinstance(listed, dict) else 0
+
+
+class EvictionWatch:
+    """When each benchmark pod was first seen terminating (deletionTimestamp) or deleted."""
+
+    def __init__(self, api: k8s.ApiClient, tag: str) -> None:
+        self._core = k8s.CoreV1Api(api)
+        self._selector = f"{BENCH_LABEL}={tag}"
+        self.seen: dict[str, float] = {}  # namespace (= tenant) -> time.time()
+        self.running: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        version: str | None = None
+        while not self._stop.is_set():
+            stream = k8s_watch.Watch()
+            for event in stream.stream(
+                self._core.list_pod_for_all_namespaces,
+                label_selector=self._selector,
+                timeout_seconds=5,
+                resource_version=version,
+            ):
+                now = time.time()
+                pod = event["object"]
+                version = pod.metadata.resource_version or version
+                namespace = pod.metadata.namespace
+                if event["type"] == "DELETED" or pod.metadata.deletion_timestamp is not None:
+                    self.seen.setdefault(namespace, now)
+                elif pod.status is not None and pod.status.phase == "Running":
+                    self.running.add(namespace)
+                if self._stop.is_set():
+                    stream.stop()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+# -- the actuator in its own process -----------------------------------------------------------------
+
+
+def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any) -> None:
+    import logging
+
+    from kubernetes import config as k8s_config
+
+    from scheduler_hooks.actuator import Actuator, TenantsSource
+    from scheduler_hooks.kube_gateway import KubeGateway
+
+    logging.basicConfig(
+        filename=str(Path(tenants).with_name("actuator.log")),
+        level=logging.INFO,
+        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    logging.getLogger("gpumeter.actuator").setLevel(logging.DEBUG)
+    settings = Settings.model_validate_json(settings_json)
+    api = k8s_config.new_client_from_config(config_file=kubeconfig)
+    actuator = Actuator(
+        settings,
+        dry_run=False,
+        kube=KubeGateway(api),
+        tenants=TenantsSource(Path(tenants)),
+        reclaim_seconds=3600.0,
+        queue_sync_seconds=5.0,
+    )
+
+    async def main() -> None:
+        done = asyncio.Event()
+
+        async def watch_stop() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.2)
+            done.set()
+
+        watcher = asyncio.create_task(watch_stop())
+        await actuator.run(done)
+        watcher.cancel()
+
+    asyncio.run(main())
+
+
+# -- the raw Kafka hop -------------------------------------------------------------------------------
+
+
+def _raw_consumer(bootstrap: str, topic: str, expected: int, results: Any, ready: Any) -> None:
+    from aiokafka import AIOKafkaConsumer
+
+    async def main() -> None:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        ready.set()
+        received: dict[str, float] = {}
+        try:
+            while len(received) < expected:
+                batch = await consumer.getmany(timeout_ms=500)
+                now = time.time()
+                for records in batch.values():
+                    for record in records:
+                        received[record.value.decode()] = now
+        finally:
+            await consumer.stop()
+        results.put(received)
+
+    asyncio.run(main())
+
+
+def raw_kafka(settings: Settings, count: int, pace: float) -> list[float]:
+    name = settings.kafka.topic("raw-latency")
+    kafka.ensure_topics(settings.kafka, [TopicSpec("raw-latency", "other")])
+    results: Any = MP.Queue()
+    ready: Any = MP.Event()
+    consumer = MP.Process(
+        target=_raw_consumer, args=(settings.kafka.bootstrap, name, count, results, ready), daemon=True
+    )
+    consumer.start()
+    ready.wait(60)
+    time.sleep(1.0)  # partitions assigned and fetching before the first send
+    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap, acks="all", linger_ms=0)
+    sent: dict[str, float] = {}
+    with progress() as bar:
+        task = bar.add_task("raw Kafka hop", total=count)
+        for index in range(count):
+            key = f"m{index}"
+            sent[key] = time.time()
+            producer.send(name, value=key.encode())
+            producer.flush()
+            bar.advance(task)
+            time.sleep(pace)
+    received = results.get(timeout=120)
+    consumer.join(timeout=30)
+    producer.close()
+    return sorted(received[key] - sent[key] for key in sent)
+
+
+# -- crossings ----------------------------------------------------------------------------------------
+
+
+def progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def quota_event(tenant: str) -> tuple[bytes, bytes]:
+    event = QuotaEvent(
+        event_id=secrets.token_hex(32),
+        tenant=tenant,
+        metric="gpu_hours",
+        level="exceeded",
+        threshold="1",
+        used="0.016667",
+        limit="0.010000",
+        period=datetime.now(UTC).strftime("%Y-%m"),
+        at=datetime.now(UTC),
+    )
+    return tenant.encode(), event.model_dump_json().encode()
+
+
+def crossing_sample(tenant: str) -> tuple[bytes, bytes]:
+    """One GPU for the last minute: 1/60 GPU-hour, over the 0.01 limit in one sample."""
+    end = datetime.now(UTC).replace(microsecond=0)
+    sample = {
+        "event_id": f"bench-{tenant}",
+        "kind": "gpu",
+        "cluster": "bench",
+        "node": "bench-gpu-0",
+        "tenant": tenant,
+        "namespace": tenant,
+        "pod": "job",
+        "pod_uid": f"uid-{tenant}",
+        "window_start": (end - timedelta(seconds=60)).isoformat(),
+        "window_end": end.isoformat(),
+        "quantity": "1",
+        "gpu_model": "H100-SXM-80GB",
+    }
+    return tenant.encode(), json.dumps(sample).encode()
+
+
+def cross(
+    settings: Settings,
+    topic: str,
+    tenants: list[str],
+    make: Callable[[str], tuple[bytes, bytes]],
+    watch: EvictionWatch,
+    pace: float,
+    label: str,
+    timeout: float = 300.0,
+) -> list[float]:
+    producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap, acks="all", linger_ms=0)
+    sent: dict[str, float] = {}
+    with progress() as bar:
+        task = bar.add_task(label, total=len(tenants))
+        for tenant in tenants:
+            key, value = make(tenant)
+            sent[tenant] = time.time()
+            producer.send(topic, key=key, value=value)
+            producer.flush()
+            bar.advance(task)
+            time.sleep(pace)
+        task = bar.add_task("  evictions seen", total=len(tenants))
+        deadline = time.monotonic() + timeout
+        while len([t for t in tenants if t in watch.seen]) < len(tenants):
+            if time.monotonic() > deadline:
+                missing = [t for t in tenants if t not in watch.seen]
+                raise RuntimeError(
+                    f"{len(missing)} evictions not seen after {timeout:.0f}s, e.g. {missing[:3]}"
+                )
+            bar.update(task, completed=len([t for t in tenants if t in watch.seen]))
+            time.sleep(0.2)
+        bar.update(task, completed=len(tenants))
+    producer.close()
+    return sorted(watch.seen[t] - sent[t] for t in tenants)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    return values[min(len(values) - 1, int(fraction * len(values)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50_s": statistics.median(values),
+        "p99_s": percentile(values, 0.99),
+        "max_s": values[-1],
+        "count": len(values),
+    }
+
+
+# -- main -----------------------------------------------------------------------------------------------
+
+
+class Processes:
+    """The actuator (spawned, as its own process) and the worker, stopped before the control plane."""
+
+    def __init__(self) -> None:
+        self.stop: Any = MP.Event()
+        self.actuator: Any = None
+        self.worker: WorkerProcess | None = None
+
+    def start(self, settings: Settings, kube: Kube, tenants_file: Path, worker_log: Path | None) -> None:
+        self.actuator = MP.Process(
+            target=_actuator_main,
+            args=(settings.model_dump_json(), str(kube.kubeconfig), str(tenants_file), self.stop),
+            daemon=True,
+        )
+        self.actuator.start()
+        if worker_log is not None:
+            self.worker = WorkerProcess(settings, worker_log, "warn").start()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.actuator is not None and self.actuator.is_alive():
+            self.actuator.join(timeout=30)
+        if self.worker is not None:
+            self.worker.stop()
+
+
+def measure(
+    settings: Settings,
+    api: k8s.ApiClient,
+    watch: EvictionWatch,
+    warm: list[str],
+    direct: list[str],
+    piped: list[str],
+    pace: float,
+) -> dict[str, Any]:
+    quota_topic, samples_topic = (
+        settings.kafka.topic(topics.QUOTA_EVENTS),
+        settings.kafka.topic(topics.SAMPLES),
+    )
+    # Warm-up: one crossing down each path, so start-up, group joins and connections are behind
+    # us; and the actuator's first pass (one Volcano queue per tenant) is over before the clock runs.
+    cross(settings, quota_topic, warm[:1], quota_event, watch, 0.0, "warm-up (actuator)", timeout=120)
+    if piped:
+        cross(settings, samples_topic, warm[1:], crossing_sample, watch, 0.0, "warm-up (worker)", timeout=180)
+    expected = len(warm) + len(direct) + len(piped)
+    with console.status("the actuator makes one Volcano queue per tenant..."):
+        wait_until(lambda: queues_made(api) >= expected, what="Volcano queues made", timeout=600)
+    results: dict[str, Any] = {"raw_kafka": summary(raw_kafka(settings, len(direct), pace))}
+    results["actuator"] = summary(
+        cross(settings, quota_topic, direct, quota_event, watch, pace, "QuotaEvent -> eviction")
+    )
+    if piped:
+        results["pipeline"] = summary(
+            cross(settings, samples_topic, piped, crossing_sample, watch, pace, "crossing sample -> eviction")
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--crossings", type=int, default=200, help="crossings per measurement (>= 200 for p99)"
+    )
+    parser.add_argument("--pace", type=float, default=0.1, help="seconds between two crossings")
+    parser.add_argument("--skip-pipeline", action="store_true", help="only the raw hop and the actuator")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
+    args = parser.parse_args(argv)
+
+    base = load_settings()
+    with console.status("starting local services..."):
+        services.up(base)
+    tag = secrets.token_hex(3)
+    settings = services.namespaced(base, f"bench-{tag}.", f"bench_{tag}", "gpumeter-bench")
+    settings.hooks.group = f"gpumeter-bench-hooks-{tag}"
+    workdir = Path(tempfile.mkdtemp(prefix="gpumeter-quota-bench-"))
+    warm = [f"warm-{tag}", f"warmp-{tag}"]
+    direct = [f"qd{i:04d}-{tag}" for i in range(args.crossings)]
+    piped = [] if args.skip_pipeline else [f"qp{i:04d}-{tag}" for i in range(args.crossings)]
+    everyone = [*warm, *direct, *piped]
+    tenants_file = workdir / "tenants.yaml"
+    tenants_file.write_text(
+        yaml.safe_dump(
+            {
+                "tenants": [
+                    {"tenant": t, "gpu_hours": GPU_HOURS_LIMIT, "on_exceed": "preempt", "grace_seconds": 0}
+                    for t in everyone
+                ]
+            }
+        )
+    )
+    settings.tenants = tenants_file
+    kafka.ensure_topics(settings.kafka)
+    client = clickhouse.connect(settings.clickhouse.dsn)
+    schema.migrate(client)
+    client.close()
+
+    # The machine's load is part of the result: on a shared 2-core box it decides the tail.
+    results: dict[str, Any] = {
+        "crossings": args.crossings,
+        "pace_s": args.pace,
+        "cpus": os.cpu_count(),
+        "load_average_before": os.getloadavg()[0],
+    }
+    try:
+        with control_plane(workdir / "kube") as kube, kube.api_client() as api:
+            core = k8s.CoreV1Api(api)
+            with console.status(f"{len(everyone)} tenants: namespaces and GPU pods on KWOK nodes..."):
+                nodes = make_nodes(core, -(-len(everyone) // PODS_PER_NODE))
+                watch = EvictionWatch(api, tag)
+                make_tenants(core, everyone, nodes, tag)
+                wait_until(
+                    lambda: len(watch.running) >= len(everyone), what="benchmark pods Running", timeout=600
+                )
+            processes = Processes()
+            try:
+                processes.start(settings, kube, tenants_file, workdir / "worker.log" if piped else None)
+                results.update(measure(settings, api, watch, warm, direct, piped, args.pace))
+            finally:
+                # Before the control plane goes: nothing left talking to a stopped API server.
+                processes.close()
+                watch.close()
+    finally:
+        services.drop_namespace(settings)
+        if args.keep:
+            console.print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    results["load_average_after"] = os.getloadavg()[0]
+    report(results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def report(results: dict[str, Any]) -> None:
+    raw = results["raw_kafka"]
+    table = Table(
+        "path",
+        "p50",
+        "p99",
+        "max",
+        "p50 / raw",
+        "p99 / raw",
+        title_justify="left",
+        title=f"quota enforcement latency, {results['crossings']} crossings each, grace 0",
+    )
+    rows = [
+        ("raw Kafka hop (produce -> consume)", "raw_kafka"),
+        ("QuotaEvent -> eviction at API server", "actuator"),
+        ("crossing sample -> eviction at API server", "pipeline"),
+    ]
+    for label, key in rows:
+        if key not in results:
+            continue
+        data = results[key]
+        data["p50_ratio_vs_raw"] = data["p50_s"] / raw["p50_s"]
+        data["p99_ratio_vs_raw"] = data["p99_s"] / raw["p99_s"]
+        table.add_row(
+            label,
+            f"{data['p50_s'] * 1000:,.1f} ms",
+            f"{data['p99_s'] * 1000:,.1f} ms",
+            f"{data['max_s'] * 1000:,.1f} ms",
+            f"{data['p50_ratio_vs_raw']:.1f}",
+            f"{data['p99_ratio_vs_raw']:.1f}",
+        )
+    console.print(table)
+    console.print(
+        f"{results['cpus']} CPUs; 1-minute load average {results['load_average_before']:.1f} before, "
+        f"{results['load_average_after']:.1f} after"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,745 @@
+"""The quota actuator (contract 4; issue 9 items 3-5): the cluster reacts to quota events.
+
+``gpumeter hooks`` runs it beside the extender::
+
+    actuator = Actuator.from_settings(settings, dry_run)
+    await actuator.run(stop)
+
+What it does
+- Consumes gpumeter.quota.events.v1 (consumer group ``<hooks.group>-actuator``, under the
+  topic prefix like every group). Fetching never waits for handling: each tenant's events
+  run in order (one key, one partition), tenants side by side, and an offset is committed
+  once every event up to it is handled (OffsetTracker).
+- ``exceeded`` for an ``on_exceed: preempt`` tenant: the victims of
+  ``actuation.plan_preemption`` get the annotation ``gpumeter.io/eviction-notice`` (reason,
+  deadline, the event id), then, after the tenant's ``grace_seconds``, a policy/v1 Eviction.
+  A PodDisruptionBudget refusal (429, cause DisruptionBudget) is recorded and retried with
+  exponential back-off up to ``hooks.eviction_max_backoff_seconds``; the pod is never
+  deleted directly. ``recovered`` withdraws notices of that metric still waiting.
+- ``exceeded`` for ``block`` or ``preempt`` closes the tenant's Volcano queue; ``recovered``
+  reopens it once no metric is left (volcano_queues.py).
+- Every few seconds: queues in step with the tenants file (re-read when it changes; a file
+  that does not parse is refused with one line and the last good one stays), and spot
+  reclaim (reclaim.py).
+- Every decision is a PreemptionRecord on gpumeter.preemptions.v1 and in ClickHouse.
+- ``dry_run``: the same decisions, recorded with action ``dry_run``; no annotation, no
+  eviction, no queue change.
+
+Durability, and why a replayed event evicts nobody twice
+- The pod annotation is the eviction in flight. It carries the event id and the deadline,
+  lives and dies with the pod (nothing to garbage-collect), is what a tenant sees in
+  ``kubectl describe``, and is read back before every eviction attempt: an actuator restarted
+  mid-grace resumes every annotated pod with its original deadline, and removing the
+  annotation by hand calls the eviction off.
+- ClickHouse ``preemptions`` is the memory of which events were handled: the annotation
+  cannot be, because an evicted pod takes it along. Before planning an ``exceeded`` event
+  the actuator asks for records with ``cause = event_id``; if there are any, the event was
+  planned before and is only re-driven (pods still carrying its notice; no new victims,
+  no new grace). The annotation is written before the record, and the record before the
+  offset is committed, so a crash at any point leaves either an unhandled event (planned
+  again: its already-noticed pods keep their notice and deadline, pods already terminating
+  are never chosen again) or a handled one. With grace 0 the eviction goes out while its
+  "noticed" record is being written (three round trips to the stores are not worth delaying
+  it for); a crash in that window can lose that record, never double an eviction. An event
+  that chose no victim leaves no record and is simply planned again on replay, which can
+  evict nobody twice since it evicted nobody.
+- Kafka replays are not the only copies: the quota worker may republish a crossing (same
+  id) after its own crash; the same guard folds it.
+- Record ids are sha256(cause, pod uid, action): replays fold.
+
+Single replica: two actuators would each plan and race on the same notices (no leader
+election here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import CommitFailedError
+from kubernetes.client import ApiClient
+from pydantic import ValidationError
+
+from gpumeter.core.config_files import ConfigError
+from gpumeter.core.models import PreemptionAction, QuotaEvent
+from gpumeter.core.settings import Settings
+from gpumeter.core.tenants import TenantPolicy, TenantsFile, load_tenants
+from gpumeter.core.topics import QUOTA_EVENTS
+from scheduler_hooks.actuation import (
+    BLOCKING,
+    RECLAIM_PREFIX,
+    PreemptionPlan,
+    Victim,
+    backoff_seconds,
+    blocked_after,
+    classify_eviction,
+    notice_patch,
+    plan_preemption,
+    pod_record,
+    queue_record,
+    status_message,
+    superseded,
+    withdraw_patch,
+)
+from scheduler_hooks.feeds import kube_api_client
+from scheduler_hooks.kube_gateway import JSON_PATCH, MERGE_PATCH, KubeGateway
+from scheduler_hooks.kube_objects import (
+    Notice,
+    PodView,
+    namespace_tenants,
+    node_view,
+    pod_view,
+    rfc3339,
+)
+from scheduler_hooks.reclaim import Reclaim, plan_spot_reclaim, qualifies
+from scheduler_hooks.record_sink import RecordSink
+from scheduler_hooks.volcano_queues import QueueChange, VolcanoQueues
+
+log = logging.getLogger("gpumeter.actuator")
+T = TypeVar("T")
+
+GROUP_SUFFIX = "-actuator"
+RECLAIM_SECONDS = 5.0
+QUEUE_SYNC_SECONDS = 5.0
+NODE_CACHE_SECONDS = 30.0
+NAMESPACE_CACHE_SECONDS = 5.0
+TENANT_CONCURRENCY = 16
+IO_THREADS = 8
+BATCH = 500
+FETCH_WAIT_MS = 100
+MAX_IN_FLIGHT = 2000  # events fetched, not yet handled
+DEFAULT_GRACE = TenantPolicy(tenant="default").grace_seconds
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _in_thread(pool: ThreadPoolExecutor, call: Callable[..., T], *args: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(call, *args))
+
+
+K = TypeVar("K")
+
+
+class OffsetTracker(Generic[K]):
+    """Which offsets may be committed when events finish out of order.
+
+    Offsets are added in fetch order per partition; ``add`` returns the callback marking that
+    one handled; ``committable`` gives, per partition, the offset after the longest handled
+    prefix (Kafka's "next offset to read"), once per advance.
+    """
+
+    @dataclass
+    class _Entry:
+        offset: int
+        handled: bool = False
+
+    def __init__(self) -> None:
+        self._pending: dict[K, deque[OffsetTracker._Entry]] = {}  # per partition, in fetch order
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(entries) for entries in self._pending.values())
+
+    def add(self, partition: K, offset: int) -> Callable[[], None]:
+        entry = OffsetTracker._Entry(offset)
+        self._pending.setdefault(partition, deque()).append(entry)
+
+        def done() -> None:
+            entry.handled = True
+
+        return done
+
+    def committable(self) -> dict[K, int]:
+        out: dict[K, int] = {}
+        for partition, entries in self._pending.items():
+            while entries and entries[0].handled:
+                out[partition] = entries.popleft().offset + 1
+        return out
+
+    def forget(self, partitions: set[K]) -> None:
+        """Partitions no longer ours (a rebalance): their next owner reads them again."""
+        for partition in partitions:
+            self._pending.pop(partition, None)
+
+
+class TenantsSource:
+    """The tenants file, re-read when its mtime or size changes.
+
+    A file that does not parse is refused with one line naming it and the field, and the last
+    good one stays in force (issue 9, item 7).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._stamp: tuple[int, int] | None = None
+        self._current = load_tenants(path)  # the first load must succeed: no last good one yet
+        self._stamp = self._read_stamp()
+
+    def current(self) -> TenantsFile:
+        return self._current
+
+    def poll(self) -> bool:
+        """Reload if the file changed; True when a new version took effect."""
+        stamp = self._read_stamp()
+        if self._path is None or stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            self._current = load_tenants(self._path)
+        except ConfigError as exc:
+            log.error("tenants file refused, the last good one stays in force: %s", exc)
+            return False
+        log.info("tenants file %s reloaded: %d tenants", self._path, len(self._current.tenants))
+        return True
+
+    def _read_stamp(self) -> tuple[int, int] | None:
+        if self._path is None:
+            return None
+        try:
+            info = self._path.stat()
+        except OSError:
+            return None
+        return info.st_mtime_ns, info.st_size
+
+
+@dataclass
+class InFlight:
+    """An eviction waiting for its deadline or retrying."""
+
+    pod: PodView
+    notice: Notice
+    notice_text: str  # the annotation exactly as written: checked before every attempt
+    task: asyncio.Task[None] | None = None
+
+
+class Actuator:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        dry_run: bool,
+        kube: KubeGateway,
+        tenants: TenantsSource,
+        reclaim_seconds: float = RECLAIM_SECONDS,
+        queue_sync_seconds: float = QUEUE_SYNC_SECONDS,
+    ) -> None:
+        self.settings = settings
+        self.dry_run = dry_run
+        self.kube = kube
+        self.tenants = tenants
+        self.queues = VolcanoQueues(kube.custom, dry_run=dry_run)
+        self.sink = RecordSink(settings)
+        self.reclaim_seconds = reclaim_seconds
+        self.queue_sync_seconds = queue_sync_seconds
+        self.max_backoff = settings.hooks.eviction_max_backoff_seconds
+        self.blocked: dict[str, frozenset[str]] = {}
+        self._inflight: dict[str, InFlight] = {}  # by pod uid
+        self._handled: set[str] = set()  # event ids planned by this process
+        self._node_labels: dict[str, dict[str, str]] = {}
+        self._nodes_at = float("-inf")
+        self._namespace_tenants: dict[str, str] = {}
+        self._namespaces_at = float("-inf")
+        self._namespaces_lock = asyncio.Lock()
+        self._tenant_slots = asyncio.Semaphore(TENANT_CONCURRENCY)
+        self._chains: dict[str, asyncio.Task[None]] = {}  # tenant -> its latest event's task
+        # Below the client's connection pool (10 by default), so no connection is thrown away.
+        self._pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="actuator-io")
+        self._events_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="actuator-events")
+        self._queues_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="actuator-queues")
+        self._resumed = False
+        self._last_sync: list[str] = []
+        self._stop = asyncio.Event()
+        self._side_tasks: set[asyncio.Task[Any]] = set()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, dry_run: bool, api: ApiClient | None = None) -> Actuator:
+        """``api``: a Kubernetes client to share (``gpumeter hooks`` has one); else the
+        in-cluster account or the kubeconfig, as every controller finds them."""
+        return cls(settings, dry_run=dry_run or settings.hooks.dry_run,
+                   kube=KubeGateway(api if api is not None else kube_api_client()),
+                   tenants=TenantsSource(settings.tenants))
+
+    @property
+    def group(self) -> str:
+        return f"{self.settings.kafka.topic_prefix}{self.settings.hooks.group}{GROUP_SUFFIX}"
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop`` is set; raises if one of its loops fails beyond retrying."""
+        self._stop = stop
+        await self.sink.start(stop)
+        consumer = AIOKafkaConsumer(
+            self.settings.kafka.topic(QUOTA_EVENTS),
+            bootstrap_servers=self.settings.kafka.bootstrap,
+            group_id=self.group,
+            enable_auto_commit=False,
+            # A first start acts on the whole history it finds; superseded() drops the crossings
+            # that a later recovered in the same backlog made moot.
+            auto_offset_reset="earliest",
+        )
+        loops: list[asyncio.Task[None]] = []
+        try:
+            await consumer.start()
+            loops = [
+                asyncio.create_task(self._consume(consumer)),
+                asyncio.create_task(self._every(self.queue_sync_seconds, self._sync_queues)),
+                asyncio.create_task(self._every(self.reclaim_seconds, self._reclaim)),
+            ]
+            stopper = asyncio.create_task(stop.wait())
+            done, _ = await asyncio.wait([*loops, stopper], return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            for task in done:
+                failure = None if task is stopper else task.exception()
+                if failure is not None:
+                    raise failure
+        finally:
+            stop.set()
+            pending = [*loops, *self._chains.values(), *(f.task for f in self._inflight.values() if f.task),
+                       *self._side_tasks]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            await consumer.stop()
+            await self.sink.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._events_pool.shutdown(wait=False, cancel_futures=True)
+            self._queues_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
+        while not self._stop.is_set():
+            try:
+                await work()
+            except Exception:  # a periodic pass failing (API server away) is retried next period
+                log.exception("%s failed; again in %.0fs", getattr(work, "__name__", "work"), seconds)
+            await self._sleep(seconds)
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, seconds))
+
+    async def _io(self, call: Callable[..., T], *args: Any) -> T:
+        """A blocking API server call, off the event loop, in the actuator's own threads (the
+        loop's default pool is a handful of threads shared with everything else in the process)."""
+        return await _in_thread(self._pool, call, *args)
+
+    async def _queue_io(self, call: Callable[..., T], *args: Any) -> T:
+        """Volcano queue work, one call at a time on a thread of its own: a long sync pass (the
+        first one creates a queue per tenant) never holds up an eviction's API calls."""
+        return await _in_thread(self._queues_pool, call, *args)
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    def _event(self, pod: PodView, reason: str, message: str, warning: bool = False) -> None:
+        """A Kubernetes Event, posted from a thread of its own: courtesy never delays an eviction."""
+        if not self.dry_run:
+            self._spawn(_in_thread(self._events_pool, self.kube.post_event, pod, reason, message, warning))
+
+    # -- quota events -----------------------------------------------------------------------
+    async def _consume(self, consumer: AIOKafkaConsumer) -> None:
+        """Fetch, dispatch, commit: fetching never waits for handling.
+
+        Each event joins its tenant's chain (a tenant's events run in order: one key, one
+        partition), different tenants run side by side (at most TENANT_CONCURRENCY at once),
+        and an offset is committed once every event up to it is handled (OffsetTracker).
+        """
+        offsets: OffsetTracker[TopicPartition] = OffsetTracker()
+        while not self._stop.is_set():
+            while offsets.in_flight >= MAX_IN_FLIGHT and not self._stop.is_set():
+                await self._sleep(0.05)  # back-pressure: a backlog is read as fast as it is handled
+            batch = await consumer.getmany(timeout_ms=FETCH_WAIT_MS, max_records=BATCH)
+            messages = [(tp, m) for tp, partition in batch.items() for m in partition]
+            if not messages and not self._resumed and offsets.in_flight == 0:
+                await self._resume()  # caught up: notices left by an earlier run go ahead now
+            parsed: list[tuple[QuotaEvent, Callable[[], None]]] = []
+            for tp, message in messages:
+                done = offsets.add(tp, message.offset)
+                try:
+                    parsed.append((QuotaEvent.model_validate_json(message.value or b""), done))
+                except ValidationError as exc:
+                    log.error("skipping a record on %s at offset %d that is not a QuotaEvent: %s",
+                              message.topic, message.offset, str(exc).splitlines()[0])
+                    done()
+            moot = superseded([event for event, _ in parsed])
+            for event, done in parsed:
+                self._chain(event, moot, done)
+            committable = offsets.committable()
+            if committable:
+                try:
+                    await consumer.commit(committable)
+                except CommitFailedError as exc:  # a rebalance took partitions: their next owner replays
+                    log.warning("offset commit refused (%s); the events will be replayed and folded", exc)
+                    offsets.forget(set(committable) - set(consumer.assignment()))
+
+    def _chain(self, event: QuotaEvent, moot: set[str], done: Callable[[], None]) -> None:
+        previous = self._chains.get(event.tenant)
+
+        async def run() -> None:
+            if previous is not None:
+                await asyncio.wait([previous])  # order within the tenant; its outcome is its own
+            async with self._tenant_slots:
+                await self._handle_with_retry(event, moot)
+            if not self._stop.is_set():
+                done()
+
+        task = asyncio.create_task(run())
+        self._chains[event.tenant] = task
+
+        def forget(finished: asyncio.Task[None], tenant: str = event.tenant) -> None:
+            if self._chains.get(tenant) is finished:
+                del self._chains[tenant]
+
+        task.add_done_callback(forget)
+
+    async def _handle_with_retry(self, event: QuotaEvent, moot: set[str]) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            try:
+                await self.handle(event, moot)
+                return
+            except Exception as exc:  # API server or stores away: the event is retried, never dropped
+                delay = backoff_seconds(attempt, self.max_backoff)
+                reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                log.warning("quota event %s (%s %s %s) not handled yet: %s; retrying in %.0fs",
+                            event.event_id[:12], event.tenant, event.metric, event.level, reason, delay)
+                attempt += 1
+                await self._sleep(delay)
+
+    async def handle(self, event: QuotaEvent, moot: set[str] | frozenset[str] = frozenset()) -> None:
+        """One quota event: its queue, and preemption (exceeded) or withdrawal (recovered), the
+        two side by side (independent; both idempotent, so a retry of the pair is safe)."""
+        log.debug("quota event %s: %s %s %s", event.event_id[:12], event.tenant, event.metric, event.level)
+        policy = self.tenants.current().policy(event.tenant)
+        self.blocked = blocked_after(self.blocked, event, policy)
+        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, moot))
+
+    async def _queue_for(self, event: QuotaEvent, policy: TenantPolicy | None) -> None:
+        if event.level == "exceeded" and policy is not None and policy.on_exceed in BLOCKING:
+            change = await self._queue_io(self.queues.close, event.tenant, event.metric, policy)
+            await self._queue_decision(event, change, "queue_closed")
+        elif event.level == "recovered":
+            change = await self._queue_io(self.queues.reopen, event.tenant, event.metric)
+            await self._queue_decision(event, change, "queue_opened")
+
+    async def _pods_for(self, event: QuotaEvent, policy: TenantPolicy | None,
+                        moot: set[str] | frozenset[str]) -> None:
+        if event.event_id in moot:
+            log.info("quota event %s (%s %s exceeded) is followed by its recovery in the same backlog: "
+                     "nothing to evict", event.event_id[:12], event.tenant, event.metric)
+            return
+        if event.level == "exceeded":
+            await self._preempt(event, policy)
+        elif event.level == "recovered":
+            await self._withdraw(event)
+
+    async def _queue_decision(self, event: QuotaEvent, change: QueueChange | None,
+                              action: PreemptionAction) -> None:
+        if change is None:
+            return
+        if action == "queue_closed":
+            detail = f"close Volcano queue {change.queue} (blocked on {','.join(sorted(change.blocked_on))})"
+        else:
+            detail = f"reopen Volcano queue {change.queue} (recovered on {event.metric}, nothing left)"
+        if self.dry_run:
+            action, detail = "dry_run", f"would {detail}"
+        log.info("%s%s", "[dry-run] " if self.dry_run else "", detail)
+        await self.sink.write([queue_record(event.event_id, event.metric, event.tenant, change.queue, action,
+                                            detail, _now())])
+
+    async def _preempt(self, event: QuotaEvent, policy: TenantPolicy | None) -> None:
+        if policy is None or policy.on_exceed != "preempt" or event.event_id in self._handled:
+            return
+        recorded, pods = await asyncio.gather(self.sink.recorded(event.tenant, event.event_id),
+                                              self._tenant_pods(event.tenant))
+        if recorded is None:
+            return  # stopping
+        if recorded:
+            # Planned before (a replay): re-drive what is still noticed, choose nobody new.
+            victims = tuple(Victim(p, p.notice, True) for p in pods
+                            if p.evictable and p.notice is not None and p.notice.cause == event.event_id)
+            plan: PreemptionPlan | None = PreemptionPlan(
+                event.event_id, event.tenant, event.metric, victims, ())
+        else:
+            plan = plan_preemption(event, policy, pods, _now())
+        if plan is None:
+            return
+        log.info("quota event %s (%s %s exceeded): %d pod(s) to evict%s", event.event_id[:12], event.tenant,
+                 event.metric, len(plan.victims), " (replay: only those still noticed)" if recorded else "")
+        await self._carry_out(plan.victims, event.metric, recorded)
+        for pod in plan.protected:
+            log.info("quota event %s: %s is protected, not evicted", event.event_id[:12], pod.key)
+            self._event(pod, "EvictionSkippedProtected",
+                        f"gpumeter: tenant {event.tenant} over {event.metric} quota; this pod is annotated "
+                        "gpumeter.io/protected and is not evicted")
+        self._handled.add(event.event_id)
+
+    async def _carry_out(self, victims: Sequence[Victim], metric: str,
+                         recorded: set[str] | None = None) -> None:
+        """Notice every victim (in parallel), record it, and start its eviction countdown."""
+        if not victims:
+            return
+        now = _now()
+        if self.dry_run:
+            records = [
+                pod_record(v.notice.cause, metric, v.pod, "dry_run",
+                           f"would notice, evict at {rfc3339(v.notice.deadline)}: {v.notice.reason}", now)
+                for v in victims
+            ]
+            await self.sink.write(records)
+            return
+        noticed = await asyncio.gather(*(self._notice(v) for v in victims))
+        kept = [flight for flight in noticed if flight is not None]
+        # The countdowns start before the records are written: with grace 0 the eviction goes out
+        # at once instead of after three round trips to the stores. The event is committed only
+        # after the records below are written, so a crash in between replays it; its evicted
+        # pods are terminating by then and are not chosen again.
+        for flight in kept:
+            self._start(flight, fresh=True)
+        records = [pod_record(f.notice.cause, metric, f.pod, "noticed",
+                              f"evict at {rfc3339(f.notice.deadline)}: {f.notice.reason}", now) for f in kept]
+        await self.sink.write([r for r in records if r.record_id not in (recorded or ())])
+
+    async def _notice(self, victim: Victim) -> InFlight | None:
+        pod, notice = victim.pod, victim.notice
+        if victim.resumed:
+            return InFlight(pod, notice, pod.notice_text)
+        status = await self._io(self.kube.patch_pod, pod.namespace, pod.name, notice_patch(pod.uid, notice),
+                                MERGE_PATCH)
+        if status != 200:
+            log.info("%s is gone or replaced (HTTP %d): no notice", pod.key, status)
+            return None
+        self._event(pod, "EvictionNotice", f"{notice.reason}; eviction at {rfc3339(notice.deadline)}")
+        return InFlight(pod, notice, notice.to_annotation())
+
+    # -- evictions --------------------------------------------------------------------------
+    def _start(self, flight: InFlight, fresh: bool) -> None:
+        uid = flight.pod.uid
+        running = self._inflight.get(uid)
+        if running is not None and running.task is not None and not running.task.done():
+            return  # already counting down (another cause noticed it first)
+        flight.task = asyncio.create_task(self._evict_when_due(flight, fresh), name=f"evict-{flight.pod.key}")
+        self._inflight[uid] = flight
+
+    async def _evict_when_due(self, flight: InFlight, fresh: bool) -> None:
+        pod, notice = flight.pod, flight.notice
+        try:
+            delay = (notice.deadline - _now()).total_seconds()
+            if delay > 0:
+                await self._sleep(delay)
+                fresh = False
+            attempt = 0
+            reported: set[str] = set()
+            while not self._stop.is_set():
+                # A pod we noticed and looked at a moment ago needs no second read; after a wait it does.
+                if not fresh and not await self._still_due(flight):
+                    return
+                fresh = False
+                log.debug("evicting %s (%s)", pod.key, notice.cause[:12])
+                try:
+                    status, body = await self._io(self.kube.evict, pod.namespace, pod.name, pod.uid)
+                except Exception as exc:  # unreachable API server: same as a 5xx
+                    status, body = 0, str(exc).encode()
+                outcome = classify_eviction(status, body)
+                if outcome == "evicted":
+                    log.info("evicted %s (%s)", pod.key, notice.cause[:12])
+                    await self._record(pod, notice, "evicted", "Eviction API accepted: the pod terminates")
+                    self._event(pod, "Evicted", f"gpumeter: evicted (Eviction API): {notice.reason}")
+                    return
+                if outcome == "gone":
+                    log.info("%s was gone or replaced before its eviction (HTTP %d)", pod.key, status)
+                    return
+                delay = backoff_seconds(attempt, self.max_backoff)
+                if outcome == "pdb" and "pdb" not in reported:
+                    message = status_message(body) or "PodDisruptionBudget allows no disruption now"
+                    await self._record(pod, notice, "pdb_refused",
+                                       f"HTTP 429 DisruptionBudget: {message}; retried with back-off up to "
+                                       f"{self.max_backoff:g}s, never deleted")
+                    self._event(pod, "EvictionBlocked",
+                                f"gpumeter: eviction refused by a PodDisruptionBudget: {message}; retrying",
+                                warning=True)
+                elif outcome == "error" and "error" not in reported:
+                    await self._record(pod, notice, "failed",
+                                       f"HTTP {status}: {status_message(body) or 'no answer'}; retrying")
+                reported.add(outcome)
+                log.info("eviction of %s: %s (HTTP %d); next try in %.1fs", pod.key, outcome, status, delay)
+                attempt += 1
+                await self._sleep(delay)
+        finally:
+            current = self._inflight.get(pod.uid)
+            if current is flight:
+                del self._inflight[pod.uid]
+
+    async def _still_due(self, flight: InFlight) -> bool:
+        """Re-read the pod: still ours, not terminating, notice unchanged, reclaim still wanted."""
+        pod = flight.pod
+        current = await self._io(self.kube.pod, pod.namespace, pod.name)
+        if current is None:
+            return False
+        view = pod_view(current, pod.tenant)
+        if view.uid != pod.uid or view.deleting:
+            return False
+        if view.notice_text != flight.notice_text:
+            log.info("%s: eviction notice withdrawn or changed; not evicting", pod.key)
+            return False
+        beneficiary = flight.notice.beneficiary
+        if flight.notice.cause.startswith(RECLAIM_PREFIX) and beneficiary and not await self._still_pending(
+                beneficiary, flight.notice.cause[len(RECLAIM_PREFIX):]):
+            await self._withdraw_notice(view, f"the room was for {beneficiary}, which no longer waits")
+            return False
+        return True
+
+    async def _still_pending(self, key: str, uid: str) -> bool:
+        namespace, _, name = key.partition("/")
+        current = await self._io(self.kube.pod, namespace, name)
+        if current is None:
+            return False
+        view = pod_view(current, "")
+        return view.uid == uid and view.pending
+
+    async def _record(self, pod: PodView, notice: Notice, action: PreemptionAction, detail: str) -> None:
+        record = pod_record(notice.cause, notice.metric, pod, action, detail, _now())
+        await self.sink.write([record])
+
+    # -- recovered ----------------------------------------------------------------------------
+    async def _withdraw(self, event: QuotaEvent) -> None:
+        """Call off evictions still waiting for this tenant and metric: it is back under."""
+        for pod in await self._tenant_pods(event.tenant):
+            notice = pod.notice
+            if (notice is None or pod.deleting or notice.metric != event.metric
+                    or notice.cause.startswith(RECLAIM_PREFIX)):
+                continue
+            await self._withdraw_notice(pod, f"tenant {event.tenant} recovered on {event.metric}")
+
+    async def _withdraw_notice(self, pod: PodView, why: str) -> None:
+        flight = self._inflight.pop(pod.uid, None)
+        current_task = asyncio.current_task()
+        if flight is not None and flight.task is not None and flight.task is not current_task:
+            flight.task.cancel()
+        if self.dry_run:
+            return
+        status = await self._io(self.kube.patch_pod, pod.namespace, pod.name, withdraw_patch(pod.notice_text),
+                                JSON_PATCH)
+        if status == 200:
+            log.info("eviction notice on %s withdrawn: %s", pod.key, why)
+            self._event(pod, "EvictionWithdrawn", f"gpumeter: eviction called off: {why}")
+
+    # -- resume after a restart ---------------------------------------------------------------
+    async def _resume(self) -> None:
+        """Pods noticed by an earlier run (annotation present) go ahead at their deadline."""
+        if self.dry_run:
+            self._resumed = True
+            return
+        try:
+            tenants = await self._namespace_map(refresh=True)
+            listed = await self._io(self.kube.pods)
+        except Exception as exc:  # API server away: tried again at the next idle poll
+            log.warning("cannot list pods to resume earlier notices yet: %s", str(exc).strip()[:300])
+            return
+        self._resumed = True
+        count = 0
+        for raw in listed:
+            pod = self._view(raw, tenants)
+            if pod.notice is None or not pod.evictable or pod.uid in self._inflight:
+                continue
+            self._start(InFlight(pod, pod.notice, pod.notice_text), fresh=False)
+            count += 1
+        if count:
+            log.info("resumed %d eviction(s) noticed before this start", count)
+
+    # -- cluster reads ------------------------------------------------------------------------
+    async def _labels_of_nodes(self) -> dict[str, dict[str, str]]:
+        if time.monotonic() - self._nodes_at > NODE_CACHE_SECONDS:
+            nodes = await self._io(self.kube.nodes)
+            self._node_labels = {n.name: dict(n.labels) for n in map(node_view, nodes)}
+            self._nodes_at = time.monotonic()
+        return self._node_labels
+
+    async def _namespace_map(self, refresh: bool = False) -> dict[str, str]:
+        """Namespace -> tenant, at most NAMESPACE_CACHE_SECONDS old (or read now if ``refresh``)."""
+        async with self._namespaces_lock:
+            if refresh or time.monotonic() - self._namespaces_at > NAMESPACE_CACHE_SECONDS:
+                self._namespace_tenants = namespace_tenants(await self._io(self.kube.namespaces))
+                self._namespaces_at = time.monotonic()
+            return self._namespace_tenants
+
+    async def _namespaces_of(self, tenant: str) -> list[str]:
+        """The tenant's namespaces; the map is read again at once when it shows none (a
+        namespace made or labelled since the last read)."""
+        for refresh in (False, True):
+            owners = await self._namespace_map(refresh)
+            names = sorted(ns for ns, owner in owners.items() if owner == tenant)
+            if names:
+                break
+        return names
+
+    async def _tenant_pods(self, tenant: str) -> list[PodView]:
+        namespaces = await self._namespaces_of(tenant)
+        listed = await asyncio.gather(*(self._io(self.kube.pods, ns) for ns in namespaces))
+        labels = await self._labels_of_nodes()
+        return [pod_view(raw, tenant, labels.get(str((raw.get("spec") or {}).get("nodeName") or "")))
+                for pods in listed for raw in pods]
+
+    # -- periodic work ------------------------------------------------------------------------
+    async def _sync_queues(self) -> None:
+        self.tenants.poll()
+        changes = await self._queue_io(self.queues.sync, self.tenants.current())
+        if self.dry_run and changes == self._last_sync:
+            return  # a dry run finds the same changes every pass: say them once
+        self._last_sync = changes
+        for change in changes:
+            log.info("%sVolcano queues: %s", "[dry-run] would " if self.dry_run else "", change)
+
+    async def _reclaim(self) -> None:
+        # The cheap question first: is any pod waiting that spot reclaim could serve? Only then
+        # read every node and pod (the pass runs every few seconds on clusters of any size).
+        tenants = await self._namespace_map(refresh=True)
+        waiting = [self._view(raw, tenants) for raw in await self._io(self.kube.unscheduled_pods)]
+        if not any(qualifies(p, self.blocked) for p in waiting):
+            return
+        nodes, pods = await asyncio.gather(self._io(self.kube.nodes), self._io(self.kube.pods))
+        node_views = [node_view(n) for n in nodes]
+        labels = {n.name: dict(n.labels) for n in node_views}
+        views = [self._view(raw, tenants, labels) for raw in pods]
+        plans = plan_spot_reclaim(node_views, views, set(self.blocked))
+        for plan in plans:
+            await self._carry_out(self._reclaim_victims(plan), "")
+
+    @staticmethod
+    def _view(raw: dict[str, Any], tenants: dict[str, str],
+              node_labels: dict[str, dict[str, str]] | None = None) -> PodView:
+        namespace = str((raw.get("metadata") or {}).get("namespace", ""))
+        node = str((raw.get("spec") or {}).get("nodeName") or "")
+        return pod_view(raw, tenants.get(namespace, namespace), (node_labels or {}).get(node))
+
+    def _reclaim_victims(self, plan: Reclaim) -> list[Victim]:
+        now = _now()
+        pending = plan.pending
+        victims = []
+        for pod in plan.victims:
+            policy = self.tenants.current().policy(pod.tenant)
+            grace = policy.grace_seconds if policy is not None else DEFAULT_GRACE
+            reason = (f"gpumeter: spot pod reclaimed for {pending.key}, which may not run on spot "
+                      f"capacity and waits for {pending.gpus} GPUs; evicted through the Eviction API "
+                      f"after {grace}s")
+            notice = Notice(cause=plan.cause, reason=reason, deadline=now + timedelta(seconds=grace),
+                            beneficiary=pending.key)
+            victims.append(Victim(pod, notice, False))
+        names = ", ".join(p.key for p in plan.victims)
+        log.info("spot reclaim for %s on %s: %s", pending.key, plan.node, names)
+        return victims
+

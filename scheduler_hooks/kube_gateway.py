@@ -1,0 +1,131 @@
+"""The actuator's calls to the Kubernetes API server: blocking, JSON in and out.
+
+Every read returns the JSON the server sent (``_preload_content=False``), not the client's
+generated models: the pure modules (kube_objects, actuation, reclaim) read plain mappings,
+and skipping model construction keeps a list of thousands of pods cheap. Expected refusals
+come back as HTTP statuses for the caller to decide on (404 gone, 409/422 replaced, 429
+budget); anything else (the server unreachable, 5xx) raises.
+
+Credentials as every controller finds them: the in-cluster service account when running
+in a pod, else ``$KUBECONFIG`` / ``~/.kube/config``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from gpumeter.core import jsonio
+from scheduler_hooks.actuation import eviction_body
+from scheduler_hooks.kube_objects import PodView, rfc3339
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+PAGE = 500
+COMPONENT = "gpumeter-actuator"
+# Seconds a single API call may take before it counts as failed (and is retried by the caller).
+REQUEST_TIMEOUT = 15.0
+
+
+class KubeGateway:
+    def __init__(self, api: k8s.ApiClient) -> None:
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self._instance = socket.gethostname()
+
+    # -- reads ------------------------------------------------------------------------------
+    def _list(self, call: Callable[..., Any], *args: Any, **selectors: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            response = call(*args, limit=PAGE, _continue=token, _preload_content=False,
+                            _request_timeout=REQUEST_TIMEOUT, **selectors)
+            document = jsonio.loads(response.data)
+            items.extend(document.get("items") or ())
+            token = (document.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items
+
+    def namespaces(self) -> list[dict[str, Any]]:
+        return self._list(self.core.list_namespace)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._list(self.core.list_node)
+
+    def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        if namespace is None:
+            return self._list(self.core.list_pod_for_all_namespaces)
+        return self._list(self.core.list_namespaced_pod, namespace)
+
+    def unscheduled_pods(self) -> list[dict[str, Any]]:
+        """Pending pods no scheduler has bound yet (selected by the server: usually few)."""
+        return self._list(self.core.list_pod_for_all_namespaces,
+                          field_selector="spec.nodeName=,status.phase=Pending")
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response: Any = self.core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                          _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        document = jsonio.loads(response.data)
+        return document if isinstance(document, dict) else None
+
+    # -- writes -----------------------------------------------------------------------------
+    def patch_pod(self, namespace: str, name: str, body: Any, content_type: str) -> int:
+        """HTTP status of the patch: 200, or 404 (gone), 409/422 (refused: replaced, test failed)."""
+        try:
+            self.core.patch_namespaced_pod(name, namespace, body, _content_type=content_type,
+                                           _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                return int(exc.status)
+            raise
+        return 200
+
+    def evict(self, namespace: str, name: str, uid: str) -> tuple[int, bytes]:
+        """POST the Eviction; (status, body) whatever the answer, so 429 can be told apart."""
+        body = k8s.V1Eviction.model_validate(eviction_body(namespace, name, uid))
+        try:
+            response: Any = self.core.create_namespaced_pod_eviction(
+                name, namespace, body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:
+            text = exc.body if isinstance(exc.body, str) else ""
+            return int(exc.status or 0), text.encode()
+        return int(response.status), bytes(response.data or b"")
+
+    def post_event(self, pod: PodView, reason: str, message: str, warning: bool = False) -> None:
+        """A core/v1 Event on the pod, for ``kubectl describe``; best effort, never raises."""
+        now = rfc3339(datetime.now(UTC))
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                               "name": pod.name, "uid": pod.uid},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(pod.namespace, k8s.CoreV1Event.model_validate(event),
+                                              _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        except Exception as exc:  # an Event is a courtesy: failing to post one changes nothing
+            log.debug("could not post event %s on %s: %s", reason, pod.key, exc)

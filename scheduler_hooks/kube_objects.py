@@ -1,0 +1,412 @@
+"""Pods, nodes and namespaces as the actuator needs them: values read from API JSON (pure).
+
+The actuator lists objects from the API server as JSON (camelCase keys, exactly what the
+server sent) and turns them into small frozen values here, so every decision about them is
+a pure function testable without a cluster.
+
+Rules where Kubernetes leaves a choice to us:
+
+- A pod's tenant is its namespace's label ``gpumeter.io/tenant``, else the namespace name,
+  normalised onto ``[a-z0-9][a-z0-9-]{0,62}`` exactly as the node agent normalises it, so the
+  tenant of a quota event (computed from the agent's samples) finds the same pods.
+- GPUs held are the pod's effective ``nvidia.com/gpu`` request as the scheduler computes it:
+  max(Σ app containers, largest init container); a limit without a request counts as the
+  request (API defaulting does the same for extended resources).
+- Eviction class (``capacity_type``): ``spot`` when the node is spot capacity (our label or
+  the clouds' own) *or* the pod declares itself interruptible with the label or annotation
+  ``gpumeter.io/capacity-type: spot``; otherwise the node's type, the pod's declared type,
+  or on-demand. Billing uses the node alone (what was bought); eviction also honours what the
+  workload volunteered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from gpumeter.core import jsonio
+from gpumeter.core.models import CAPACITY_TYPES, CapacityType
+from quota.victims import Candidate
+from scheduler_hooks.policy import GPU_RESOURCE, TENANT_LABEL, is_protected
+
+CAPACITY_LABEL = "gpumeter.io/capacity-type"
+NOTICE_ANNOTATION = "gpumeter.io/eviction-notice"
+
+# Node labels that mark spot capacity, and the values meaning "spot" (the agent's list).
+SPOT_NODE_LABELS: Mapping[str, frozenset[str]] = {
+    CAPACITY_LABEL: frozenset({"spot"}),
+    "karpenter.sh/capacity-type": frozenset({"spot"}),
+    "eks.amazonaws.com/capacityType": frozenset({"SPOT"}),
+    "cloud.google.com/gke-spot": frozenset({"true"}),
+    "cloud.google.com/gke-preemptible": frozenset({"true"}),
+    "kubernetes.azure.com/scalesetpriority": frozenset({"spot"}),
+}
+
+_ZERO = Decimal(0)
+_TENANT_BAD = re.compile(r"[^a-z0-9-]+")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
+_SUFFIXES: Mapping[str, Decimal] = {
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15, "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
+}
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """A Kubernetes resource quantity (``2``, ``500m``, ``1Ki``) as an exact Decimal."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    if isinstance(value, int | Decimal):
+        return Decimal(value)
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    try:
+        return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
+    except InvalidOperation:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}") from None
+
+
+def normalize_tenant(text: str) -> str:
+    """Any label value or namespace name onto the tenant pattern (the node agent's rule)."""
+    value = _TENANT_BAD.sub("-", text.strip().lower()).lstrip("-")
+    return value[:63].rstrip("-") or "unknown"
+
+
+def namespace_tenant(namespace: Mapping[str, Any]) -> str:
+    """Tenant of a namespace object: its ``gpumeter.io/tenant`` label, else its name."""
+    metadata = namespace.get("metadata") or {}
+    label = (metadata.get("labels") or {}).get(TENANT_LABEL)
+    if isinstance(label, str) and label.strip():
+        return normalize_tenant(label)
+    return normalize_tenant(str(metadata.get("name", "")))
+
+
+def parse_time(text: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API (``2026-11-05T12:00:00Z``), aware; None if absent or bad."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def rfc3339(moment: datetime) -> str:
+    """UTC, millisecond precision, ``Z`` suffix: what a human reads in ``kubectl describe``."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# -- the eviction notice --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Notice:
+    """What the annotation ``gpumeter.io/eviction-notice`` carries on a pod about to be evicted.
+
+    ``cause`` is the quota event id (or ``spot-reclaim:<pending pod uid>``); it is what makes
+    the annotation the durable record of an eviction in flight: an actuator restarted mid-grace
+    resumes from it, keeping the original deadline.
+    """
+
+    cause: str
+    reason: str
+    deadline: datetime
+    metric: str = ""  # the quota metric; "" for a spot reclaim
+    beneficiary: str = ""  # spot reclaim: "namespace/name" of the pending pod the room is for
+
+    def __post_init__(self) -> None:
+        if self.deadline.tzinfo is None or self.deadline.utcoffset() is None:
+            raise ValueError("Notice.deadline must be aware")
+
+    def to_annotation(self) -> str:
+        document = {"reason": self.reason, "deadline": rfc3339(self.deadline), "cause": self.cause,
+                    "metric": self.metric}
+        if self.beneficiary:
+            document["for"] = self.beneficiary
+        return jsonio.dumps(document)
+
+
+def parse_notice(text: Any) -> Notice | None:
+    """The notice in an annotation value; None when absent or not one of ours (bad JSON, fields)."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        document = jsonio.loads(text)
+    except jsonio.JSONInputError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    cause, reason = document.get("cause"), document.get("reason")
+    metric, beneficiary = document.get("metric", ""), document.get("for", "")
+    deadline = parse_time(document.get("deadline"))
+    if not isinstance(cause, str) or not cause or not isinstance(reason, str) or deadline is None:
+        return None
+    return Notice(cause, reason, deadline, metric if isinstance(metric, str) else "",
+                  beneficiary if isinstance(beneficiary, str) else "")
+
+
+# -- scheduling constraints (for spot reclaim) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One node selector requirement (``matchExpressions`` or ``matchFields``)."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+    field: bool = False  # matchFields (only metadata.name exists)
+
+    def matches(self, node_name: str, labels: Mapping[str, str]) -> bool:
+        if self.field:
+            present, value = self.key == "metadata.name", node_name
+        else:
+            present, value = self.key in labels, labels.get(self.key, "")
+        if self.operator == "In":
+            return present and value in self.values
+        if self.operator == "NotIn":
+            return not present or value not in self.values
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        if self.operator in ("Gt", "Lt") and present and len(self.values) == 1:
+            try:
+                have, bound = int(value), int(self.values[0])
+            except ValueError:
+                return False
+            return have > bound if self.operator == "Gt" else have < bound
+        return False  # an operator the API would have refused: match nothing, safely
+
+
+NodeSelectorTerm = tuple[Requirement, ...]
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: str = ""
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+# -- nodes ----------------------------------------------------------------------------------
+
+
+def capacity_of_labels(labels: Mapping[str, str]) -> CapacityType | None:
+    """The capacity type node labels state, or None when they say nothing."""
+    for label, spot_values in SPOT_NODE_LABELS.items():
+        if labels.get(label) in spot_values:
+            return "spot"
+    declared = labels.get(CAPACITY_LABEL)
+    return declared if declared in CAPACITY_TYPES else None
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    gpus: Decimal  # allocatable nvidia.com/gpu
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+
+    @property
+    def capacity_type(self) -> CapacityType:
+        return capacity_of_labels(self.labels) or "on-demand"
+
+
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    try:
+        gpus = parse_quantity(allocatable.get(GPU_RESOURCE, 0))
+    except ValueError:
+        gpus = _ZERO
+    taints = tuple(
+        Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect") or ""))
+        for t in spec.get("taints") or () if isinstance(t, Mapping)
+    )
+    return NodeView(
+        name=str(metadata.get("name", "")),
+        gpus=gpus,
+        labels=dict(metadata.get("labels") or {}),
+        taints=taints,
+        unschedulable=bool(spec.get("unschedulable")),
+    )
+
+
+# -- pods -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodView:
+    """A pod as the actuator decides about it."""
+
+    namespace: str
+    name: str
+    uid: str
+    tenant: str
+    node: str = ""  # "" while unbound
+    phase: str = "Pending"
+    gpus: Decimal = _ZERO
+    priority: int = 0
+    started_at: datetime | None = None
+    created_at: datetime | None = None
+    protected: bool = False
+    capacity_type: CapacityType = "on-demand"  # eviction class, see module docstring
+    deleting: bool = False
+    notice: Notice | None = None
+    notice_text: str = ""  # the annotation exactly as stored (a withdrawal tests against it)
+    node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    affinity: tuple[NodeSelectorTerm, ...] | None = None  # required node affinity terms (ORed)
+    tolerations: tuple[Toleration, ...] = ()
+    unschedulable: bool = False  # PodScheduled=False, reason Unschedulable: the scheduler gave up for now
+    gated: bool = False  # schedulingGates present: not the scheduler's to place yet
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Bound, not finished, requesting GPUs: the scheduler counts its GPUs as taken."""
+        return bool(self.node) and self.phase not in TERMINAL_PHASES and self.gpus > 0
+
+    @property
+    def evictable(self) -> bool:
+        """Holds GPUs and no deletion is under way (a second eviction would be accepted again)."""
+        return self.holds_gpus and not self.deleting
+
+    @property
+    def pending(self) -> bool:
+        return not self.node and self.phase == "Pending" and not self.deleting
+
+    def candidate(self) -> Candidate:
+        return Candidate(
+            namespace=self.namespace, name=self.name, uid=self.uid, tenant=self.tenant, gpus=self.gpus,
+            capacity_type=self.capacity_type, priority=self.priority, started_at=self.started_at,
+            protected=self.protected,
+        )
+
+
+def _container_gpus(container: Mapping[str, Any]) -> Decimal:
+    resources = container.get("resources") or {}
+    values = dict(resources.get("limits") or {})
+    values.update(resources.get("requests") or {})
+    try:
+        return parse_quantity(values.get(GPU_RESOURCE, 0))
+    except ValueError:
+        return _ZERO
+
+
+def gpu_request(spec: Mapping[str, Any]) -> Decimal:
+    """Effective ``nvidia.com/gpu`` request: max(Σ app containers, largest init container)."""
+    app = sum((_container_gpus(c) for c in spec.get("containers") or () if isinstance(c, Mapping)), _ZERO)
+    init = max((_container_gpus(c) for c in spec.get("initContainers") or () if isinstance(c, Mapping)),
+               default=_ZERO)
+    return max(app, init)
+
+
+def _terms(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...] | None:
+    node_affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {})
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    raw_terms = required.get("nodeSelectorTerms")
+    if not raw_terms:
+        return None
+    terms: list[NodeSelectorTerm] = []
+    for term in raw_terms:
+        if not isinstance(term, Mapping):
+            continue
+        requirements = [
+            Requirement(str(e.get("key", "")), str(e.get("operator", "")),
+                        tuple(str(v) for v in e.get("values") or ()), field=is_field)
+            for is_field, source in ((False, "matchExpressions"), (True, "matchFields"))
+            for e in term.get(source) or () if isinstance(e, Mapping)
+        ]
+        terms.append(tuple(requirements))
+    return tuple(terms)
+
+
+def _unschedulable(status: Mapping[str, Any]) -> bool:
+    return any(
+        isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or ()
+    )
+
+
+def eviction_class(pod_metadata: Mapping[str, Any], node_labels: Mapping[str, str] | None) -> CapacityType:
+    node_type = capacity_of_labels(node_labels or {})
+    declared: CapacityType | None = None
+    for source in (pod_metadata.get("labels") or {}, pod_metadata.get("annotations") or {}):
+        value = source.get(CAPACITY_LABEL)
+        if value in CAPACITY_TYPES:
+            declared = value
+            break
+    if node_type == "spot" or declared == "spot":
+        return "spot"
+    return node_type or declared or "on-demand"
+
+
+def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str] | None = None) -> PodView:
+    """A pod object (API JSON) as a PodView; ``tenant`` comes from its namespace."""
+    metadata = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annotations: Mapping[str, str] = metadata.get("annotations") or {}
+    notice_text = annotations.get(NOTICE_ANNOTATION, "")
+    priority = spec.get("priority")
+    return PodView(
+        namespace=str(metadata.get("namespace", "")),
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        tenant=tenant,
+        node=str(spec.get("nodeName") or ""),
+        phase=str(status.get("phase") or "Pending"),
+        gpus=gpu_request(spec),
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        started_at=parse_time(status.get("startTime")),
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        protected=is_protected(annotations),
+        capacity_type=eviction_class(metadata, node_labels),
+        deleting=metadata.get("deletionTimestamp") is not None,
+        notice=parse_notice(notice_text),
+        notice_text=notice_text if isinstance(notice_text, str) else "",
+        node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
+        affinity=_terms(spec),
+        tolerations=tuple(
+            Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"), str(t.get("value") or ""),
+                       str(t.get("effect") or ""))
+            for t in spec.get("tolerations") or () if isinstance(t, Mapping)
+        ),
+        unschedulable=_unschedulable(status),
+        gated=bool(spec.get("schedulingGates")),
+    )
+
+
+def namespace_tenants(namespaces: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Namespace name -> tenant, for namespace objects as listed."""
+    return {str((ns.get("metadata") or {}).get("name", "")): namespace_tenant(ns) for ns in namespaces}

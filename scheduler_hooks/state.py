@@ -1,0 +1,519 @@
+"""The extender's in-memory state: the live ``ClusterView`` the policy reads, and how it is fed.
+
+One thread owns it: every mutation runs on the event loop thread (the feeds decode records and
+API objects in their own threads and hand finished values over with ``call_soon_threadsafe``),
+so a request handler sees one consistent state for the whole of its synchronous policy call.
+The view is built once over the state's own dicts, so answering needs no copy.
+
+What is kept (contract 4, 6 and 8):
+
+- quota: every quota event folded by ``(tenant, metric, scope)``, the scope being the period
+  for ``gpu_hours``/``spend`` and one ``held`` scope for ``max_gpus`` (as the quota ledger
+  keys its crossings). A tenant is *blocked* while some metric is ``exceeded`` and not
+  ``recovered``, its ``on_exceed`` is ``block`` or ``preempt`` and the tenants file still
+  sets that metric's limit (a removed limit blocks nothing, as in ``quota.accounting``).
+  Event ids are deterministic, so an event seen before (a replay) is ignored: a republished
+  old ``exceeded`` cannot undo a later ``recovered``.
+- ``max_gpus`` limits from the tenants file, for tenants whose ``on_exceed`` is ``block`` or
+  ``preempt`` only: ``notify`` means the quota is reported, never enforced. GPUs held = Σ the
+  GPU requests of the tenant's pods bound to a node and not finished (what the scheduler
+  itself counts), so a burst of pods is refused as soon as the binding is watched.
+- namespaces -> tenant: label ``gpumeter.io/tenant``, else the name, normalised as the agent does.
+- pods: GPUs, node, priority, capacity type (node label first, as the agent rules), the
+  protected annotation and start time; what preemption and victim order need.
+- placement: topology and allocation records in a ``PlacementIndex``. The allocation the index
+  sees is the agent's last record, minus pods watched gone since, plus pods bound to the node
+  that the record does not list yet, on the GPUs the device plugin would give them (the best
+  set left): the agent reports once per window, the scheduler places pods in bursts.
+
+Readiness: each feed names its sources (``expect``) and reports each once loaded: quota
+events replayed to the end, topology and allocation topics read to the end, and the first
+list of pods, nodes and namespaces. Until then the verbs answer 503, never a guess.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
+from gpumeter.core.tenants import TenantsFile
+from scheduler_hooks.placement import NodeGpus, PlacementIndex, best_set
+from scheduler_hooks.policy import (
+    GPU_RESOURCE,
+    TENANT_LABEL,
+    ClusterView,
+    KnownPod,
+    Policy,
+    is_protected,
+)
+from scheduler_hooks.wire_kube import WireError, gpu_count, pod_gpus
+
+CAPACITY_LABEL = "gpumeter.io/capacity-type"
+CAPACITY_TYPES = ("on-demand", "spot", "reserved")
+BLOCKING = ("block", "preempt")
+METRIC_ORDER = ("gpu_hours", "spend", "max_gpus")  # the metric a refusal names, when several
+HELD_SCOPE = "held"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+# Pods watched gone lately: their GPUs are free even if the agent's last record lists them.
+GONE_MEMORY = 50_000
+
+# Readiness sources (feeds expect them, report them loaded once).
+QUOTA_EVENTS = "quota_events"
+TOPOLOGY = "topology"
+ALLOCATION = "allocation"
+PODS = "pods"
+NODES = "nodes"
+NAMESPACES = "namespaces"
+
+# The cloud's own spot labels, as collectors.agent.podmeta reads them (the node wins over the pod).
+_CLOUD_CAPACITY: tuple[tuple[str, Callable[[str], str | None]], ...] = (
+    ("karpenter.sh/capacity-type", lambda v: v if v in ("spot", "reserved") else "on-demand"),
+    ("eks.amazonaws.com/capacityType", lambda v: "spot" if v.upper() == "SPOT" else "on-demand"),
+    ("cloud.google.com/gke-spot", lambda v: "spot" if v == "true" else None),
+    ("cloud.google.com/gke-preemptible", lambda v: "spot" if v == "true" else None),
+    ("kubernetes.azure.com/scalesetpriority", lambda v: "spot" if v == "spot" else None),
+)
+_TENANT_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def normalize_tenant(text: str) -> str:
+    """The agent's rule (collectors.agent.podmeta): any label value onto ``[a-z0-9][a-z0-9-]{0,62}``."""
+    value = _TENANT_BAD.sub("-", text.strip().lower()).lstrip("-")
+    return value[:63].rstrip("-") or "unknown"
+
+
+def node_capacity_type(labels: Mapping[str, str]) -> str | None:
+    value = labels.get(CAPACITY_LABEL)
+    if value in CAPACITY_TYPES:
+        return value
+    for label, convert in _CLOUD_CAPACITY:
+        converted = convert(labels[label]) if label in labels else None
+        if converted is not None:
+            return converted
+    return None
+
+
+# -- API objects (JSON form) -> the few values kept --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedPod:
+    uid: str
+    namespace: str
+    name: str
+    node: str  # "" until bound
+    gpus: int
+    priority: int = 0
+    protected: bool = False
+    capacity_hint: str | None = None  # the pod's own gpumeter.io/capacity-type (loses to the node)
+    started_at: datetime | None = None
+    terminal: bool = False
+
+    @property
+    def holds_gpus(self) -> bool:
+        return bool(self.node) and not self.terminal and self.gpus > 0
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedNode:
+    name: str
+    capacity_type: str | None = None
+    gpus: int | None = None  # allocatable nvidia.com/gpu, None when the node has none listed
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _labels(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in _mapping(value).items() if isinstance(v, str)}
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def watched_pod(obj: Mapping[str, Any]) -> WatchedPod | None:
+    """A v1.Pod (JSON, camelCase) as kept; None without a uid. A malformed GPU request counts 0."""
+    meta, spec, status = _mapping(obj.get("metadata")), _mapping(obj.get("spec")), _mapping(obj.get("status"))
+    uid = meta.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return None
+    try:
+        gpus = pod_gpus(spec)
+    except WireError:
+        gpus = 0  # the API server validates quantities; nothing real gets here
+    annotations, labels = _labels(meta.get("annotations")), _labels(meta.get("labels"))
+    hint = labels.get(CAPACITY_LABEL) or annotations.get(CAPACITY_LABEL)
+    priority = spec.get("priority")
+    node = spec.get("nodeName")
+    return WatchedPod(
+        uid=uid,
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        node=node if isinstance(node, str) else "",
+        gpus=gpus,
+        priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        protected=is_protected(annotations),
+        capacity_hint=hint if hint in CAPACITY_TYPES else None,
+        started_at=_time(status.get("startTime")),
+        terminal=status.get("phase") in TERMINAL_PHASES,
+    )
+
+
+def watched_node(obj: Mapping[str, Any]) -> WatchedNode | None:
+    meta, status = _mapping(obj.get("metadata")), _mapping(obj.get("status"))
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    allocatable = _mapping(status.get("allocatable")) or _mapping(status.get("capacity"))
+    gpus: int | None = None
+    if GPU_RESOURCE in allocatable:
+        try:
+            gpus = gpu_count(allocatable[GPU_RESOURCE], "allocatable")
+        except WireError:
+            gpus = None
+    return WatchedNode(name, node_capacity_type(_labels(meta.get("labels"))), gpus)
+
+
+def namespace_tenant(obj: Mapping[str, Any]) -> tuple[str, str | None] | None:
+    """(namespace, tenant from its label or None); None without a name."""
+    meta = _mapping(obj.get("metadata"))
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    label = _labels(meta.get("labels")).get(TENANT_LABEL)
+    return name, normalize_tenant(label) if label else None
+
+
+# -- the state ---------------------------------------------------------------------------------
+
+
+class HooksState:
+    """Quota, tenants, pods and placement as the policy reads them (module docstring)."""
+
+    def __init__(self, tenants: TenantsFile | None = None) -> None:
+        self.placement = PlacementIndex()
+        self.blocked: dict[str, str] = {}
+        self.max_gpus: dict[str, Decimal] = {}
+        self.gpus_held: dict[str, Decimal] = {}
+        self.namespace_tenants: dict[str, str] = {}
+        self.pods: dict[str, KnownPod] = {}
+        self.view = ClusterView(
+            placement=self.placement,
+            blocked=self.blocked,
+            max_gpus=self.max_gpus,
+            gpus_held=self.gpus_held,
+            namespace_tenants=self.namespace_tenants,
+            pods=self.pods,
+        )
+        self.policy = Policy(self.view)
+        self._tenants = TenantsFile()
+        self._exceeded: dict[str, dict[tuple[str, str], QuotaEvent]] = {}
+        self._seen_events: set[str] = set()
+        self._watched: dict[str, WatchedPod] = {}
+        self._by_namespace: dict[str, set[str]] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._held_by_namespace: dict[str, int] = {}
+        self._nodes: dict[str, WatchedNode] = {}
+        self._topologies: dict[str, NodeTopology] = {}
+        self._allocations: dict[str, NodeAllocation] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._pushed: set[str] = set()  # nodes given an allocation (to clear when it empties)
+        self._waiting: set[str] = set()
+        self.quota_events = 0
+        self.set_tenants(tenants or TenantsFile())
+
+    # -- readiness -------------------------------------------------------------------------
+    def expect(self, *sources: str) -> None:
+        self._waiting.update(sources)
+
+    def loaded(self, source: str) -> None:
+        self._waiting.discard(source)
+
+    @property
+    def ready(self) -> bool:
+        return not self._waiting
+
+    @property
+    def waiting_for(self) -> list[str]:
+        return sorted(self._waiting)
+
+    # -- tenants and quota -------------------------------------------------------------------
+    def set_tenants(self, tenants: TenantsFile) -> None:
+        self._tenants = tenants
+        self.max_gpus.clear()
+        for policy in tenants.tenants:
+            # Contract 6 refuses any pod that would take its tenant above max_gpus, whatever
+            # on_exceed says: notify only softens what happens to pods already running.
+            if policy.max_gpus is not None:
+                self.max_gpus[policy.tenant] = policy.max_gpus
+        for tenant in list(self._exceeded) + list(self.blocked):
+            self._refresh_blocked(tenant)
+
+    def apply_quota_event(self, event: QuotaEvent) -> bool:
+        """Fold one event; False when it was seen before (replays) or changes nothing."""
+        if event.event_id in self._seen_events:
+            return False
+        self._seen_events.add(event.event_id)
+        self.quota_events += 1
+        if event.level == "warning":
+            return False
+        scope = HELD_SCOPE if event.metric == "max_gpus" else event.period
+        open_crossings = self._exceeded.setdefault(event.tenant, {})
+        if event.level == "exceeded":
+            open_crossings[(event.metric, scope)] = event
+        else:
+            open_crossings.pop((event.metric, scope), None)
+        if not open_crossings:
+            del self._exceeded[event.tenant]
+        self._refresh_blocked(event.tenant)
+        return True
+
+    def exceeded(self, tenant: str) -> list[QuotaEvent]:
+        """The tenant's open ``exceeded`` events (whatever its on_exceed), metric order."""
+        events = self._exceeded.get(tenant, {}).values()
+        return sorted(events, key=lambda e: (METRIC_ORDER.index(e.metric), e.period))
+
+    def _refresh_blocked(self, tenant: str) -> None:
+        policy = self._tenants.policy(tenant)
+        metric = None
+        if policy is not None and policy.on_exceed in BLOCKING:
+            limits = {"gpu_hours": policy.gpu_hours, "spend": policy.spend, "max_gpus": policy.max_gpus}
+            open_metrics = {m for m, _ in self._exceeded.get(tenant, {})}
+            metric = next((m for m in METRIC_ORDER if m in open_metrics and limits[m] is not None), None)
+        if metric is None:
+            self.blocked.pop(tenant, None)
+        else:
+            self.blocked[tenant] = metric
+
+    # -- namespaces --------------------------------------------------------------------------
+    def upsert_namespace(self, name: str, tenant: str | None) -> None:
+        before = self.view.tenant_of(name)
+        if tenant is None:
+            self.namespace_tenants.pop(name, None)
+        else:
+            self.namespace_tenants[name] = tenant
+        after = self.view.tenant_of(name)
+        if after == before:
+            return
+        held = self._held_by_namespace.get(name, 0)
+        if held:
+            self._add_held(before, -held)
+            self._add_held(after, held)
+        for uid in self._by_namespace.get(name, ()):
+            self._index_known(self._watched[uid])
+
+    def delete_namespace(self, name: str) -> None:
+        self.upsert_namespace(name, None)
+
+    def replace_namespaces(self, namespaces: Iterable[tuple[str, str | None]]) -> None:
+        fresh = dict(namespaces)
+        for name in [n for n in self.namespace_tenants if n not in fresh]:
+            self.delete_namespace(name)
+        for name, tenant in fresh.items():
+            self.upsert_namespace(name, tenant)
+
+    # -- nodes -------------------------------------------------------------------------------
+    def upsert_node(self, node: WatchedNode) -> None:
+        before = self._nodes.get(node.name)
+        self._nodes[node.name] = node
+        if before is None or before.gpus != node.gpus:
+            self.placement.set_capacity(node.name, node.gpus)
+            self._refresh_allocation(node.name)
+        if before is None or before.capacity_type != node.capacity_type:
+            for uid in self._by_node.get(node.name, ()):
+                self._index_known(self._watched[uid])
+
+    def delete_node(self, name: str) -> None:
+        if self._nodes.pop(name, None) is None:
+            return
+        self.placement.set_capacity(name, None)
+        for uid in self._by_node.get(name, ()):
+            self._index_known(self._watched[uid])
+
+    def replace_nodes(self, nodes: Iterable[WatchedNode]) -> None:
+        fresh = {node.name: node for node in nodes}
+        for name in [n for n in self._nodes if n not in fresh]:
+            self.delete_node(name)
+        for node in fresh.values():
+            self.upsert_node(node)
+
+    # -- pods --------------------------------------------------------------------------------
+    def upsert_pod(self, pod: WatchedPod) -> None:
+        if pod.terminal:
+            self.delete_pod(pod.uid)
+            return
+        before = self._watched.get(pod.uid)
+        if before is not None:
+            self._unindex(before)
+        self._watched[pod.uid] = pod
+        self._by_namespace.setdefault(pod.namespace, set()).add(pod.uid)
+        if pod.node:
+            self._by_node.setdefault(pod.node, set()).add(pod.uid)
+        if pod.holds_gpus:
+            self._held_by_namespace[pod.namespace] = self._held_by_namespace.get(pod.namespace, 0) + pod.gpus
+            self._add_held(self.view.tenant_of(pod.namespace), pod.gpus)
+        self._index_known(pod)
+        held_before = (before.node, before.gpus) if before is not None and before.holds_gpus else None
+        held_now = (pod.node, pod.gpus) if pod.holds_gpus else None
+        if held_before != held_now:
+            if held_before is not None:
+                self._refresh_allocation(held_before[0])
+            if held_now is not None and (held_before is None or held_before[0] != held_now[0]):
+                self._refresh_allocation(held_now[0])
+
+    def delete_pod(self, uid: str) -> None:
+        before = self._watched.pop(uid, None)
+        self._gone[uid] = None
+        if len(self._gone) > GONE_MEMORY:
+            self._gone.popitem(last=False)
+        if before is None:
+            return
+        self._unindex(before)
+        self.pods.pop(uid, None)
+        if before.holds_gpus:
+            self._refresh_allocation(before.node)
+
+    def replace_pods(self, pods: Iterable[WatchedPod]) -> None:
+        fresh = {pod.uid: pod for pod in pods}
+        for uid in [u for u in self._watched if u not in fresh]:
+            self.delete_pod(uid)
+        for pod in fresh.values():
+            self.upsert_pod(pod)
+
+    def watched(self, uid: str) -> WatchedPod | None:
+        return self._watched.get(uid)
+
+    def _unindex(self, pod: WatchedPod) -> None:
+        self._by_namespace.get(pod.namespace, set()).discard(pod.uid)
+        if pod.node:
+            self._by_node.get(pod.node, set()).discard(pod.uid)
+        if pod.holds_gpus:
+            left = self._held_by_namespace.get(pod.namespace, 0) - pod.gpus
+            if left:
+                self._held_by_namespace[pod.namespace] = left
+            else:
+                self._held_by_namespace.pop(pod.namespace, None)
+            self._add_held(self.view.tenant_of(pod.namespace), -pod.gpus)
+
+    def _add_held(self, tenant: str, gpus: int) -> None:
+        total = self.gpus_held.get(tenant, Decimal(0)) + gpus
+        if total:
+            self.gpus_held[tenant] = total
+        else:
+            self.gpus_held.pop(tenant, None)
+
+    def _index_known(self, pod: WatchedPod) -> None:
+        node = self._nodes.get(pod.node) if pod.node else None
+        capacity = (node.capacity_type if node else None) or pod.capacity_hint or "on-demand"
+        self.pods[pod.uid] = KnownPod(
+            uid=pod.uid,
+            tenant=self.view.tenant_of(pod.namespace),
+            gpus=Decimal(pod.gpus),
+            capacity_type=capacity,
+            priority=pod.priority,
+            protected=pod.protected,
+            started_at=pod.started_at,
+        )
+
+    # -- topology and allocation --------------------------------------------------------------
+    def apply_topology(self, topology: NodeTopology) -> None:
+        self._topologies[topology.node] = topology
+        self.placement.update_topology(topology)
+        self._refresh_allocation(topology.node)
+
+    def remove_topology(self, node: str) -> None:
+        """A tombstone on the compacted topic: forget the layout, keep what else is known."""
+        if self._topologies.pop(node, None) is None:
+            return
+        self.placement.remove(node)
+        self._pushed.discard(node)
+        known = self._nodes.get(node)
+        if known is not None:
+            self.placement.set_capacity(node, known.gpus)
+        self._refresh_allocation(node)
+
+    def apply_allocation(self, allocation: NodeAllocation) -> None:
+        self._allocations[allocation.node] = allocation
+        self._refresh_allocation(allocation.node)
+
+    def remove_allocation(self, node: str) -> None:
+        if self._allocations.pop(node, None) is not None:
+            self._refresh_allocation(node)
+
+    def effective_allocation(self, node: str) -> NodeAllocation | None:
+        """The agent's record corrected by the pods watched since (module docstring)."""
+        record = self._allocations.get(node)
+        assignments = [a for a in (record.assignments if record else ()) if a.pod_uid not in self._gone]
+        listed = {a.pod_uid for a in assignments}
+        unlisted = sorted(
+            (self._watched[uid] for uid in self._by_node.get(node, ()) if uid not in listed),
+            key=lambda p: (p.started_at or datetime.max.replace(tzinfo=UTC), p.uid),
+        )
+        unlisted = [pod for pod in unlisted if pod.holds_gpus]
+        if record is None and not unlisted:
+            return None
+        taken = {i for a in assignments for i in a.gpu_indices}
+        for pod in unlisted:
+            indices = self._device_plugin_pick(node, taken, pod.gpus)
+            taken.update(indices)
+            assignments.append(GpuAssignment(namespace=pod.namespace, pod=pod.name, pod_uid=pod.uid,
+                                             gpu_indices=sorted(indices)))
+        return NodeAllocation(
+            cluster=record.cluster if record else "",
+            node=node,
+            assignments=assignments,
+            at=record.at if record else datetime.now(UTC),
+        )
+
+    def _device_plugin_pick(self, node: str, taken: set[int], k: int) -> list[int]:
+        """The k GPUs a pod not yet in the record most likely got: the best-connected free set."""
+        topology = self._topologies.get(node)
+        if topology is not None:
+            gpus = NodeGpus.from_records(topology).with_allocated(taken)
+            found = best_set(gpus, k)
+            if found is not None:
+                return sorted(found[0])
+            return list(gpus.free)  # the record and the scheduler disagree; count what is left
+        capacity = self._nodes[node].gpus if node in self._nodes else None
+        picked: list[int] = []
+        index = 0
+        while len(picked) < k and (capacity is None or index < capacity):
+            if index not in taken:
+                picked.append(index)
+            index += 1
+        return picked
+
+    def _refresh_allocation(self, node: str) -> None:
+        allocation = self.effective_allocation(node)
+        if allocation is None:
+            if node in self._pushed:
+                # Nothing allocated as far as anyone knows now: an empty record clears the old one.
+                self.placement.update_allocation(
+                    NodeAllocation(cluster="", node=node, assignments=[], at=datetime.now(UTC)))
+                self._pushed.discard(node)
+            return
+        self.placement.update_allocation(allocation)
+        self._pushed.add(node)
+
+    # -- introspection (metrics, /readyz) ------------------------------------------------------
+    @property
+    def node_count(self) -> int:
+        return len(self.placement)
+
+    @property
+    def watched_pods(self) -> int:
+        return len(self._watched)

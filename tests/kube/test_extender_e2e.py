@@ -1,0 +1,392 @@
+"""End to end: the real kube-scheduler calling gpumeter's extender over HTTP (contract 6).
+
+The scheduler runs deploy/hooks/kube-scheduler-config.yaml itself, with only its urlPrefix
+pointed at a local server (plain HTTP on 127.0.0.1) and the cluster-specific client settings
+dropped. The extender is the production server and state, fed by the production Kubernetes
+watches (namespaces, nodes, pods) against the test apiserver; quota events and the agent's
+topology/allocation records are handed to the state directly (the Kafka feed has its own
+integration test). Nodes are KWOK's; each test keeps its pods on its own nodes with a pool
+label. Waits are bounded polls on what the cluster reports, never timing assertions.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from gpumeter.core import topics
+from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
+from gpumeter.core.settings import Settings, settings_env
+from gpumeter.core.tenants import TenantPolicy, TenantsFile
+from gpumeter.infra import kafka as gkafka
+from scheduler_hooks.feeds import kube_feeds
+from testkit.live_hooks import LiveHooks
+from tests.kube.fixtures import GPU_RESOURCE, CreateGpuNodes, Kube, StartScheduler, free_port
+
+pytestmark = pytest.mark.kube
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEDULER_CONFIG = REPO / "deploy" / "hooks" / "kube-scheduler-config.yaml"
+WAIT_S = 90.0
+POOL_LABEL = "gpumeter.io/test-pool"
+TENANT_LABEL = "gpumeter.io/tenant"
+AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
+TENANTS = TenantsFile(tenants=[TenantPolicy(tenant="team-blocked", gpu_hours=Decimal(10), on_exceed="block")])
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def scheduler_config(url_prefix: str, *, ignorable: bool | None = None) -> dict[str, Any]:
+    """The shipped configuration, reaching the extender at ``url_prefix`` over plain HTTP."""
+    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    config.pop("clientConnection", None)  # the fixture points it at the test cluster
+    [extender] = config["extenders"]
+    extender["urlPrefix"] = url_prefix
+    extender.pop("tlsConfig")
+    extender["enableHTTPS"] = False
+    if ignorable is not None:
+        extender["ignorable"] = ignorable
+    return config
+
+
+def pod_manifest(name: str, pool: str, *, gpus: int = 0, node_name: str | None = None) -> k8s.V1Pod:
+    resources: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
+    if gpus:
+        resources[GPU_RESOURCE] = str(gpus)
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.invalid/gpumeter/workload:test",
+                "resources": {"requests": resources, "limits": resources},
+            }
+        ],
+        "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {POOL_LABEL: pool},
+    }
+    if node_name:
+        spec["nodeName"] = node_name  # bound directly, as a running workload would be
+    return k8s.V1Pod.model_validate(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    )
+
+
+def bound_node(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
+    spec = core.read_namespaced_pod(name, namespace).spec
+    return spec.node_name if spec else None
+
+
+def scheduling_failure(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
+    """The message of a FailedScheduling event for the pod, once there is one."""
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+    for event in events:
+        if event.reason == "FailedScheduling" and event.message:
+            return str(event.message)
+    return None
+
+
+def topology(node: str, count: int, link: Callable[[int, int], str]) -> NodeTopology:
+    gpus = [
+        GpuDevice(index=i, uuid=f"GPU-{node}-{i}", model="M", numa_node=i * 2 // count) for i in range(count)
+    ]
+    links = {f"{a}-{b}": link(a, b) for a in range(count) for b in range(a + 1, count)}
+    return NodeTopology(cluster="test", node=node, gpus=gpus, links=links, at=AT)
+
+
+def allocation(node: str, namespace: str, pod: str, uid: str, indices: list[int]) -> NodeAllocation:
+    held = GpuAssignment(namespace=namespace, pod=pod, pod_uid=uid, gpu_indices=indices)
+    return NodeAllocation(cluster="test", node=node, assignments=[held], at=AT)
+
+
+@pytest.fixture
+def core(kube: Kube) -> Iterator[k8s.CoreV1Api]:
+    with kube.api_client() as api:
+        yield k8s.CoreV1Api(api)
+
+
+@pytest.fixture
+def extender(kube: Kube) -> Iterator[LiveHooks]:
+    """gpumeter's extender on 127.0.0.1, watching the test cluster; ready when it answers."""
+    api = kube.api_client()
+    live = LiveHooks(TENANTS).start()
+    live.add_feeds(live.call(lambda: kube_feeds(api, live.state, live.post)))
+    eventually(lambda: live.request("GET", "/readyz")[0] == 200, "extender ready (kube lists loaded)")
+    yield live
+    live.stop()
+    api.close()
+
+
+def prioritize_calls(live: LiveHooks) -> float:
+    _, body = live.request("GET", "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith('gpumeter_hooks_requests_total{code="200",verb="kube.prioritize"}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+# --------------------------------------------------------------------------
+
+
+def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(
+    core: k8s.CoreV1Api,
+    kube_namespace: str,
+    kube_scheduler: StartScheduler,
+    gpu_nodes: CreateGpuNodes,
+    extender: LiveHooks,
+) -> None:
+    pool = kube_namespace
+    nodes = gpu_nodes(2, gpus_per_node=8, labels={POOL_LABEL: pool})
+    core.patch_namespace(kube_namespace, {"metadata": {"labels": {TENANT_LABEL: "team-blocked"}}})
+    eventually(
+        lambda: extender.call(lambda: extender.state.view.tenant_of(kube_namespace)) == "team-blocked",
+        "the namespace's tenant label watched",
+    )
+    exceeded = QuotaEvent(
+        event_id="e2e-exceeded",
+        tenant="team-blocked",
+        metric="gpu_hours",
+        level="exceeded",
+        threshold="1",
+        used="10.5",
+        limit="10",
+        period="2026-11",
+        at=AT,
+    )
+    extender.call(lambda: extender.state.apply_quota_event(exceeded))
+    kube_scheduler(scheduler_config(f"{extender.url}/kube"))
+
+    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool, gpus=2))
+    message = eventually(
+        lambda: scheduling_failure(core, kube_namespace, "trainer"), "FailedScheduling event"
+    )
+    assert "gpumeter: tenant team-blocked over gpu_hours quota" in message
+    assert bound_node(core, kube_namespace, "trainer") is None
+
+    # The same pod schedules once the tenant recovers: the refusal was ours, nothing else.
+    recovered = exceeded.model_copy(update={"event_id": "e2e-recovered", "level": "recovered"})
+    extender.call(lambda: extender.state.apply_quota_event(recovered))
+    # Pods refused by an extender go back to the queue on any cluster event: a node update.
+    core.patch_node(nodes[0], {"metadata": {"labels": {"gpumeter.io/nudge": "1"}}})
+    assert (
+        eventually(lambda: bound_node(core, kube_namespace, "trainer"), "trainer bound after recovery")
+        in nodes
+    )
+
+
+def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(
+    core: k8s.CoreV1Api,
+    kube_namespace: str,
+    kube_scheduler: StartScheduler,
+    gpu_nodes: CreateGpuNodes,
+    extender: LiveHooks,
+) -> None:
+    pool = kube_namespace
+    [nvlink] = gpu_nodes(
+        1, gpus_per_node=8, gpu_model="H100-SXM-80GB", labels={POOL_LABEL: pool}, name_prefix="h100"
+    )
+    pcie = gpu_nodes(3, gpus_per_node=4, gpu_model="L40S-48GB", labels={POOL_LABEL: pool}, name_prefix="l40s")
+    # What the cluster and the agents agree on: on the H100 box 6 of 8 GPUs are taken, leaving
+    # GPUs 6 and 7 (NV18, like every pair there); on each L40S box GPUs 1 and 3 are taken,
+    # leaving 0 and 2, which sit under different CPU sockets (SYS). Every node has 2 free.
+    holders = {nvlink: (6, [0, 1, 2, 3, 4, 5])} | {node: (2, [1, 3]) for node in pcie}
+    for index, (node, (count, _)) in enumerate(holders.items()):
+        core.create_namespaced_pod(
+            kube_namespace, pod_manifest(f"holder-{index}", pool, gpus=count, node_name=node)
+        )
+    for index, (node, (_, indices)) in enumerate(holders.items()):
+        meta = core.read_namespaced_pod(f"holder-{index}", kube_namespace).metadata
+        assert meta is not None and meta.uid
+        uid = str(meta.uid)
+        layout = (
+            (lambda a, b: "NV18") if node == nvlink else (lambda a, b: "PIX" if a // 2 == b // 2 else "SYS")
+        )
+        records = (
+            topology(node, 8 if node == nvlink else 4, layout),
+            allocation(node, kube_namespace, f"holder-{index}", uid, indices),
+        )
+
+        def feed(records: tuple[NodeTopology, NodeAllocation] = records) -> None:
+            extender.state.apply_topology(records[0])
+            extender.state.apply_allocation(records[1])
+
+        extender.call(feed)
+    eventually(
+        lambda: extender.call(lambda: all(extender.state.placement.free(n) == 2 for n in holders)),
+        "holders watched: 2 free GPUs everywhere",
+    )
+    kube_scheduler(scheduler_config(f"{extender.url}/kube"))
+
+    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool, gpus=2))
+    assert eventually(lambda: bound_node(core, kube_namespace, "trainer"), "trainer bound") == nvlink
+    assert prioritize_calls(extender) >= 1  # the choice went through our scores
+
+
+@pytest.mark.parametrize("ignorable", [False, True], ids=["ignorable-false", "ignorable-true"])
+def test_extender_down(
+    core: k8s.CoreV1Api,
+    kube_namespace: str,
+    kube_scheduler: StartScheduler,
+    gpu_nodes: CreateGpuNodes,
+    ignorable: bool,
+) -> None:
+    pool = kube_namespace
+    gpu_nodes(1, gpus_per_node=8, labels={POOL_LABEL: pool})
+    nobody = f"http://127.0.0.1:{free_port()}/kube"  # nothing listens there
+    kube_scheduler(scheduler_config(nobody, ignorable=ignorable))
+
+    core.create_namespaced_pod(kube_namespace, pod_manifest("gpu-pod", pool, gpus=1))
+    core.create_namespaced_pod(kube_namespace, pod_manifest("cpu-pod", pool))
+    # Pods without nvidia.com/gpu are never sent to the extender (managedResources).
+    eventually(lambda: bound_node(core, kube_namespace, "cpu-pod"), "cpu-pod bound")
+    if ignorable:
+        eventually(lambda: bound_node(core, kube_namespace, "gpu-pod"), "gpu-pod bound without the extender")
+    else:
+        message = eventually(
+            lambda: scheduling_failure(core, kube_namespace, "gpu-pod"), "FailedScheduling event"
+        )
+        assert "connection refused" in message, message
+        assert bound_node(core, kube_namespace, "gpu-pod") is None
+
+
+@pytest.mark.integration
+def test_gpumeter_hooks_process_answers_from_kafka_and_the_cluster(
+    kube: Kube, settings: Settings, kube_namespace: str, tmp_path: Path
+) -> None:
+    """`gpumeter hooks` as deployed: a process reading Kafka and the API server (KUBECONFIG)."""
+    tenant = kube_namespace  # unlabelled namespace: its name is the tenant
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(
+        yaml.safe_dump({"tenants": [{"tenant": tenant, "gpu_hours": 1, "on_exceed": "block"}]})
+    )
+    settings.tenants = tenants
+    settings.hooks.listen = f"127.0.0.1:{free_port()}"
+    exceeded = QuotaEvent(
+        event_id=f"{tenant}-exceeded",
+        tenant=tenant,
+        metric="gpu_hours",
+        level="exceeded",
+        threshold="1",
+        used="1.5",
+        limit="1",
+        period="2026-11",
+        at=AT,
+    )
+    producer = gkafka.make_producer(settings.kafka)
+    producer.send(
+        settings.kafka.topic(topics.QUOTA_EVENTS),
+        key=tenant.encode(),
+        value=exceeded.model_dump_json().encode(),
+    )
+    producer.send(
+        settings.kafka.topic(topics.TOPOLOGY),
+        key=b"cli-node",
+        value=topology("cli-node", 8, lambda a, b: "NV18").model_dump_json().encode(),
+    )
+    producer.flush(30)
+    producer.close(5)
+
+    env = settings_env(settings) | {"KUBECONFIG": str(kube.kubeconfig)}
+    log = (tmp_path / "hooks.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpumeter.app.cli", "hooks", "--dry-run"],
+        env=env,
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    port = int(settings.hooks.listen.rsplit(":", 1)[1])
+
+    def request(method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            connection.request(method, path, body=body)
+            response = connection.getresponse()
+            return response.status, response.read()
+        except OSError:
+            return 0, b""
+        finally:
+            connection.close()
+
+    try:
+
+        def ready() -> bool:
+            assert process.poll() is None, (tmp_path / "hooks.log").read_text()
+            return request("GET", "/readyz")[0] == 200
+
+        eventually(ready, "gpumeter hooks ready")
+        pod = {
+            "metadata": {"name": "p", "namespace": kube_namespace, "uid": "u"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {GPU_RESOURCE: "1"}}}]},
+        }
+        status, body = request(
+            "POST", "/kube/filter", json.dumps({"Pod": pod, "NodeNames": ["cli-node"]}).encode()
+        )
+        assert status == 200
+        assert json.loads(body)["FailedAndUnresolvableNodes"] == {
+            "cli-node": f"gpumeter: tenant {tenant} over gpu_hours quota"
+        }
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+            log.close()
+    assert code == 0, (tmp_path / "hooks.log").read_text()
+
+
+def test_deploy_manifests_are_accepted_and_name_our_routes(kube: Kube, kube_namespace: str) -> None:
+    """deploy/hooks as written: the apiserver accepts the Deployment, Service and the Volcano
+    ConfigMap (server-side dry run, in this test's namespace), and every verb both scheduler
+    configurations name is a route the server has."""
+    from kubernetes import utils
+
+    from scheduler_hooks.server import KUBE_VERBS, VOLCANO_VERBS
+
+    deploy = REPO / "deploy" / "hooks"
+    documents = [
+        d
+        for name in ("deployment.yaml", "volcano-scheduler-configmap.yaml")
+        for d in yaml.safe_load_all((deploy / name).read_text())
+        if d
+    ]
+    assert {d["kind"] for d in documents} == {"Deployment", "Service", "ConfigMap"}
+    with kube.api_client() as api:
+        for document in documents:
+            document["metadata"]["namespace"] = kube_namespace
+            utils.create_from_dict(api, document, namespace=kube_namespace, dry_run="All")
+
+    [extender] = yaml.safe_load(SCHEDULER_CONFIG.read_text())["extenders"]
+    kube_verbs = {extender[key] for key in ("filterVerb", "prioritizeVerb", "preemptVerb")}
+    assert kube_verbs == set(KUBE_VERBS) and extender["urlPrefix"].endswith("/kube")
+    [configmap] = [d for d in documents if d["kind"] == "ConfigMap"]
+    conf = yaml.safe_load(configmap["data"]["volcano-scheduler.conf"])
+    [plugin] = [p for tier in conf["tiers"] for p in tier["plugins"] if p["name"] == "extender"]
+    arguments = plugin["arguments"]
+    verbs = {value for key, value in arguments.items() if key.endswith("Verb")}
+    assert verbs == set(VOLCANO_VERBS)
+    assert arguments["extender.urlPrefix"].endswith("/volcano")
+    assert arguments["extender.managedResources"] == [GPU_RESOURCE]

@@ -1,0 +1,1069 @@
+"""The quota actuator's decisions, pure and table-driven: pods read from API JSON, preemption
+plans, replays, eviction answers, back-off, spot reclaim, Volcano queue desired state.
+
+Pods are written as the API server sends them (camelCase JSON) and read with ``pod_view``,
+so parsing is exercised with every case. Expected victims are worked out by hand from
+contract 4's order (spot first, then lowest priority, then most recently started).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from gpumeter.core.models import QuotaEvent
+from gpumeter.core.tenants import TenantPolicy
+from scheduler_hooks.actuation import (
+    backoff_seconds,
+    blocked_after,
+    classify_eviction,
+    eviction_body,
+    notice_patch,
+    plan_preemption,
+    pod_record,
+    queue_record,
+    record_id,
+    status_message,
+    superseded,
+    withdraw_patch,
+)
+from scheduler_hooks.actuator import OffsetTracker, TenantsSource
+from scheduler_hooks.kube_objects import (
+    NOTICE_ANNOTATION,
+    NodeView,
+    Notice,
+    PodView,
+    Taint,
+    gpu_request,
+    namespace_tenant,
+    node_view,
+    parse_notice,
+    parse_quantity,
+    pod_view,
+)
+from scheduler_hooks.reclaim import excludes_spot, node_allows, plan_spot_reclaim
+from scheduler_hooks.volcano_queues import blocked_on, gpu_capability, queue_manifest, spec_patch
+
+NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+TENANT = "team-a"
+EVENT_ID = "e" * 64
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def pod_json(
+    name: str,
+    gpus: int | str = 1,
+    *,
+    namespace: str = "ml",
+    node: str | None = "gpu-0",
+    phase: str = "Running",
+    priority: int | None = None,
+    started: str | None = "2026-11-20T08:00:00Z",
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    deleting: bool = False,
+    node_selector: dict[str, str] | None = None,
+    affinity: list[dict[str, Any]] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    unschedulable: bool = False,
+    created: str = "2026-11-20T07:00:00Z",
+) -> dict[str, Any]:
+    resources = {
+        "requests": {"cpu": "1", "nvidia.com/gpu": str(gpus)},
+        "limits": {"nvidia.com/gpu": str(gpus)},
+    }
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "x", "resources": resources}]}
+    if node:
+        spec["nodeName"] = node
+    if priority is not None:
+        spec["priority"] = priority
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if affinity is not None:
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": affinity}
+            }
+        }
+    if tolerations:
+        spec["tolerations"] = tolerations
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{name}",
+        "creationTimestamp": created,
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    if labels:
+        metadata["labels"] = labels
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-11-20T11:59:00Z"
+    status: dict[str, Any] = {"phase": phase}
+    if started:
+        status["startTime"] = started
+    if unschedulable:
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+            }
+        ]
+    return {"metadata": metadata, "spec": spec, "status": status}
+
+
+def pod(
+    name: str,
+    gpus: int | str = 1,
+    *,
+    tenant: str = TENANT,
+    node_labels: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> PodView:
+    return pod_view(pod_json(name, gpus, **kwargs), tenant, node_labels)
+
+
+def noticed(
+    cause: str, deadline: datetime = NOW + timedelta(seconds=10), metric: str = "gpu_hours"
+) -> dict[str, str]:
+    return {NOTICE_ANNOTATION: Notice(cause, "over quota", deadline, metric).to_annotation()}
+
+
+def event(
+    metric: str = "gpu_hours",
+    level: str = "exceeded",
+    limit: str = "100",
+    used: str = "100",
+    tenant: str = TENANT,
+    event_id: str = EVENT_ID,
+) -> QuotaEvent:
+    return QuotaEvent(
+        event_id=event_id,
+        tenant=tenant,
+        metric=metric,
+        level=level,
+        threshold="1",
+        used=used,
+        limit=limit,
+        period="2026-11",
+        at=NOW,
+    )
+
+
+def policy(on_exceed: str = "preempt", grace: int = 30, tenant: str = TENANT) -> TenantPolicy:
+    return TenantPolicy(tenant=tenant, on_exceed=on_exceed, grace_seconds=grace)
+
+
+def names(pods: Any) -> list[str]:
+    return [p.name for p in pods]
+
+
+# -- reading API objects ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param(
+            {
+                "containers": [
+                    {"resources": {"requests": {"nvidia.com/gpu": "2"}}},
+                    {"resources": {"requests": {"nvidia.com/gpu": "1"}}},
+                ]
+            },
+            "3",
+            id="app-containers-add",
+        ),
+        pytest.param(
+            {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+            "4",
+            id="limit-without-request-counts",
+        ),
+        pytest.param(
+            {
+                "containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+                "initContainers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}],
+            },
+            "2",
+            id="larger-init-container-wins",
+        ),
+        pytest.param(
+            {
+                "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}],
+                "initContainers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}],
+            },
+            "3",
+            id="app-sum-wins-over-smaller-init",
+        ),
+        pytest.param({"containers": [{"resources": {"requests": {"cpu": "2"}}}]}, "0", id="no-gpu"),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "banana"}}}]},
+            "0",
+            id="unreadable-quantity-is-zero",
+        ),
+    ],
+)
+def test_gpu_request(spec: dict[str, Any], expected: str) -> None:
+    assert gpu_request(spec) == Decimal(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2", "2"),
+        ("500m", "0.5"),
+        ("1Ki", "1024"),
+        ("1k", "1000"),
+        ("1e3", "1000"),
+        (3, "3"),
+    ],
+)
+def test_parse_quantity(text: Any, expected: str) -> None:
+    assert parse_quantity(text) == Decimal(expected)
+
+
+@pytest.mark.parametrize("bad", ["", "1.2.3", "five", "1Q", True])
+def test_parse_quantity_refuses(bad: Any) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(bad)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "expected"),
+    [
+        pytest.param({"metadata": {"name": "team-b"}}, "team-b", id="name"),
+        pytest.param(
+            {"metadata": {"name": "ns-1", "labels": {"gpumeter.io/tenant": "team-a"}}}, "team-a", id="label"
+        ),
+        pytest.param(
+            {"metadata": {"name": "ns-1", "labels": {"gpumeter.io/tenant": "Team_A.Prod"}}},
+            "team-a-prod",
+            id="label-normalised-like-the-agent",
+        ),
+        pytest.param(
+            {"metadata": {"name": "ns-1", "labels": {"gpumeter.io/tenant": "  "}}},
+            "ns-1",
+            id="blank-label-falls-back-to-name",
+        ),
+    ],
+)
+def test_namespace_tenant(namespace: dict[str, Any], expected: str) -> None:
+    assert namespace_tenant(namespace) == expected
+
+
+@pytest.mark.parametrize(
+    ("node_labels", "pod_labels", "pod_annotations", "expected"),
+    [
+        pytest.param({"gpumeter.io/capacity-type": "spot"}, {}, {}, "spot", id="spot-node"),
+        pytest.param({"karpenter.sh/capacity-type": "spot"}, {}, {}, "spot", id="cloud-spot-node"),
+        pytest.param(
+            {"gpumeter.io/capacity-type": "on-demand"},
+            {"gpumeter.io/capacity-type": "spot"},
+            {},
+            "spot",
+            id="pod-volunteers-spot-on-on-demand-node",
+        ),
+        pytest.param(
+            {"gpumeter.io/capacity-type": "reserved"},
+            {},
+            {"gpumeter.io/capacity-type": "spot"},
+            "spot",
+            id="annotation-volunteers-spot",
+        ),
+        pytest.param(
+            {"gpumeter.io/capacity-type": "reserved"},
+            {"gpumeter.io/capacity-type": "on-demand"},
+            {},
+            "reserved",
+            id="node-type-wins-otherwise",
+        ),
+        pytest.param(
+            {}, {"gpumeter.io/capacity-type": "reserved"}, {}, "reserved", id="declared-when-node-silent"
+        ),
+        pytest.param(None, {}, {}, "on-demand", id="nothing-known"),
+    ],
+)
+def test_eviction_class(
+    node_labels: dict[str, str] | None,
+    pod_labels: dict[str, str],
+    pod_annotations: dict[str, str],
+    expected: str,
+) -> None:
+    view = pod("p", labels=pod_labels, annotations=pod_annotations, node_labels=node_labels)
+    assert view.capacity_type == expected
+
+
+def test_pod_view_reads_the_fields_decisions_use() -> None:
+    raw = pod_json(
+        "trainer",
+        4,
+        priority=7,
+        started="2026-11-20T09:30:00Z",
+        annotations={"gpumeter.io/protected": "True", **noticed("cause-1")},
+        deleting=True,
+    )
+    view = pod_view(raw, TENANT)
+    assert (view.namespace, view.name, view.uid, view.node, view.phase) == (
+        "ml",
+        "trainer",
+        "uid-trainer",
+        "gpu-0",
+        "Running",
+    )
+    assert view.gpus == Decimal(4) and view.priority == 7
+    assert view.started_at == datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
+    assert view.protected and view.deleting and view.holds_gpus and not view.evictable
+    assert view.notice is not None and view.notice.cause == "cause-1"
+    assert view.notice_text == raw["metadata"]["annotations"][NOTICE_ANNOTATION]
+
+
+@pytest.mark.parametrize(
+    ("phase", "node", "gpus", "holds"),
+    [
+        ("Running", "gpu-0", 1, True),
+        ("Pending", "gpu-0", 1, True),  # bound, starting: the scheduler already counts its GPUs
+        ("Pending", None, 1, False),  # unbound holds nothing
+        ("Succeeded", "gpu-0", 1, False),
+        ("Failed", "gpu-0", 1, False),
+        ("Running", "gpu-0", 0, False),
+    ],
+)
+def test_which_pods_hold_gpus(phase: str, node: str | None, gpus: int, holds: bool) -> None:
+    assert pod("p", gpus, phase=phase, node=node).holds_gpus is holds
+
+
+def test_notice_round_trip_and_refusals() -> None:
+    notice = Notice(
+        "cause", "gpumeter: tenant team-a over spend quota", NOW, "spend", beneficiary="ml/waiting"
+    )
+    text = notice.to_annotation()
+    assert parse_notice(text) == notice
+    assert json.loads(text)["deadline"] == "2026-11-20T12:00:00.000Z"
+    for bad in (
+        "",
+        "not json",
+        "[]",
+        '{"reason": "x", "deadline": "2026-11-20T12:00:00Z"}',
+        '{"cause": "c", "reason": "x", "deadline": "yesterday"}',
+        None,
+    ):
+        assert parse_notice(bad) is None, bad
+
+
+# -- preemption plans ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("quota_event", "tenant_policy"),
+    [
+        pytest.param(event(level="warning"), policy(), id="warning"),
+        pytest.param(event(level="recovered"), policy(), id="recovered"),
+        pytest.param(event(), policy("block"), id="block-only"),
+        pytest.param(event(), policy("notify"), id="notify-only"),
+        pytest.param(event(), None, id="tenant-without-policy"),
+    ],
+)
+def test_no_plan_unless_exceeded_and_preempt(
+    quota_event: QuotaEvent, tenant_policy: TenantPolicy | None
+) -> None:
+    assert plan_preemption(quota_event, tenant_policy, [pod("a")], NOW) is None
+
+
+# gpu_hours and spend: every unprotected GPU pod of the tenant, in order.
+EVERYONE = [
+    pod("od-old", priority=0, started="2026-11-19T00:00:00Z"),
+    pod("od-new", priority=0, started="2026-11-20T09:00:00Z"),
+    pod("spot-high", priority=100, node_labels={"gpumeter.io/capacity-type": "spot"}),
+    pod("low", priority=-5),
+    pod("guarded", priority=-100, annotations={"gpumeter.io/protected": "true"}),
+    pod("cpu-only", 0),
+    pod("unbound", node=None, phase="Pending"),
+    pod("done", phase="Succeeded"),
+    pod("neighbour", tenant="team-b"),
+]
+
+
+@pytest.mark.parametrize("metric", ["gpu_hours", "spend"])
+def test_period_budgets_evict_every_unprotected_gpu_pod_in_order(metric: str) -> None:
+    plan = plan_preemption(event(metric), policy(grace=45), EVERYONE, NOW)
+    assert plan is not None
+    assert names(v.pod for v in plan.victims) == ["spot-high", "low", "od-new", "od-old"]
+    assert names(plan.protected) == ["guarded"]
+    for victim in plan.victims:
+        assert not victim.resumed
+        assert victim.notice.cause == EVENT_ID and victim.notice.metric == metric
+        assert victim.notice.deadline == NOW + timedelta(seconds=45)
+        assert victim.notice.reason.startswith(f"gpumeter: tenant {TENANT} over {metric} quota")
+
+
+MAX_GPUS_CASES = [
+    pytest.param(
+        # held 2+2+4+1 = 9 > 8: the spot pod (1) alone brings it to 8.
+        [
+            pod("a", 2),
+            pod("b", 2, priority=5),
+            pod("c", 4, priority=9),
+            pod("s", 1, labels={"gpumeter.io/capacity-type": "spot"}),
+        ],
+        "8",
+        ["s"],
+        [],
+        id="one-pod-enough",
+    ),
+    pytest.param(
+        # held 9, limit 4: s(1) -> 8, a(2, prio 0) -> 6, b(2, prio 5) -> 4.
+        [
+            pod("a", 2),
+            pod("b", 2, priority=5),
+            pod("c", 4, priority=9),
+            pod("s", 1, labels={"gpumeter.io/capacity-type": "spot"}),
+        ],
+        "4",
+        ["s", "a", "b"],
+        [],
+        id="stops-as-soon-as-within",
+    ),
+    pytest.param(
+        # held 6, limit 3: the protected low-priority pod is skipped, then b(2) -> 4, c(1) -> 3.
+        [
+            pod("p", 3, priority=-1, annotations={"gpumeter.io/protected": "true"}),
+            pod("b", 2),
+            pod("c", 1, priority=1),
+        ],
+        "3",
+        ["b", "c"],
+        ["p"],
+        id="protected-passed-over",
+    ),
+    pytest.param(
+        # held 5, limit 1: everything unprotected goes and it is still not enough.
+        [pod("p", 4, annotations={"gpumeter.io/protected": "true"}), pod("b", 1)],
+        "1",
+        ["b"],
+        ["p"],
+        id="protected-hold-the-rest",
+    ),
+    pytest.param(
+        # held 4 (the leaving pod's 2 count as gone already): 2 <= 2, nobody new.
+        [pod("x", 2, annotations=noticed("other-cause")), pod("y", 2)],
+        "2",
+        [],
+        [],
+        id="pods-already-leaving-count-as-gone",
+    ),
+    pytest.param(
+        [pod("x", 2, deleting=True), pod("y", 2), pod("z", 1, priority=3)],
+        "1",
+        ["y"],
+        [],
+        id="terminating-pods-not-chosen-again",
+    ),
+    pytest.param([pod("a", 2)], "2", [], [], id="at-the-limit-is-within"),
+]
+
+
+@pytest.mark.parametrize(("pods", "limit", "victims", "protected"), MAX_GPUS_CASES)
+def test_max_gpus_evicts_until_within_limit(
+    pods: list[PodView], limit: str, victims: list[str], protected: list[str]
+) -> None:
+    plan = plan_preemption(event("max_gpus", limit=limit), policy(), pods, NOW)
+    assert plan is not None
+    assert names(v.pod for v in plan.victims) == victims
+    assert names(plan.protected) == protected
+
+
+def test_a_replay_resumes_its_own_notices_with_the_original_deadline() -> None:
+    original = NOW - timedelta(seconds=5)
+    pods = [
+        pod("a", 2, annotations=noticed(EVENT_ID, deadline=original, metric="max_gpus")),
+        pod("b", 2),
+        pod("c", 2, priority=1),
+    ]
+    # held 6, limit 2: the first run chose a and b (a noticed, then a crash before b?): a resumes,
+    # held without it is 4 > 2, so b (lower priority than c) is chosen fresh.
+    plan = plan_preemption(event("max_gpus", limit="2"), policy(grace=60), pods, NOW)
+    assert plan is not None
+    assert [(v.pod.name, v.resumed, v.notice.deadline) for v in plan.victims] == [
+        ("a", True, original),
+        ("b", False, NOW + timedelta(seconds=60)),
+    ]
+
+
+def test_a_replay_after_all_noticed_adds_nobody() -> None:
+    pods = [pod("a", 2, annotations=noticed(EVENT_ID)), pod("b", 2, annotations=noticed(EVENT_ID))]
+    plan = plan_preemption(event("gpu_hours"), policy(), pods, NOW)
+    assert plan is not None
+    assert [(v.pod.name, v.resumed) for v in plan.victims] == [("a", True), ("b", True)]
+
+
+# -- events in a backlog, blocked state ---------------------------------------------------------
+
+
+def test_superseded_exceeded_events() -> None:
+    events = [
+        event("gpu_hours", "exceeded", event_id="g-ex"),
+        event("max_gpus", "exceeded", event_id="m-ex"),
+        event("gpu_hours", "recovered", event_id="g-rec"),
+        event("spend", "exceeded", event_id="s-ex"),
+        event("gpu_hours", "exceeded", event_id="g-ex-2"),  # after the recovery: stands
+        event("max_gpus", "exceeded", tenant="team-b", event_id="b-ex"),
+        event("max_gpus", "recovered", tenant="team-b", event_id="b-rec"),
+    ]
+    assert superseded(events) == {"g-ex", "b-ex"}
+
+
+BLOCKED_CASES = [
+    pytest.param({}, event("spend"), policy("block"), {TENANT: {"spend"}}, id="block-blocks"),
+    pytest.param({}, event("spend"), policy("preempt"), {TENANT: {"spend"}}, id="preempt-blocks"),
+    pytest.param({}, event("spend"), policy("notify"), {}, id="notify-does-not"),
+    pytest.param({}, event("spend", "warning"), policy("block"), {}, id="warning-does-not"),
+    pytest.param(
+        {TENANT: {"spend", "max_gpus"}},
+        event("spend", "recovered"),
+        policy("block"),
+        {TENANT: {"max_gpus"}},
+        id="recovered-one-of-two",
+    ),
+    pytest.param({TENANT: {"spend"}}, event("spend", "recovered"), policy("block"), {}, id="recovered-last"),
+    pytest.param(
+        {"team-b": {"gpu_hours"}},
+        event("spend"),
+        policy("block"),
+        {"team-b": {"gpu_hours"}, TENANT: {"spend"}},
+        id="others-kept",
+    ),
+]
+
+
+@pytest.mark.parametrize(("before", "quota_event", "tenant_policy", "after"), BLOCKED_CASES)
+def test_blocked_after(
+    before: dict[str, set[str]],
+    quota_event: QuotaEvent,
+    tenant_policy: TenantPolicy,
+    after: dict[str, set[str]],
+) -> None:
+    start = {tenant: frozenset(metrics) for tenant, metrics in before.items()}
+    result = blocked_after(start, quota_event, tenant_policy)
+    assert {tenant: set(metrics) for tenant, metrics in result.items()} == after
+
+
+# -- the Eviction API's answers -------------------------------------------------------------------
+
+# As kube-apiserver words them (pkg/registry/core/pod/storage/eviction.go, apimachinery errors).
+PDB_BODY = json.dumps(
+    {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+        "reason": "TooManyRequests",
+        "details": {
+            "causes": [
+                {
+                    "reason": "DisruptionBudget",
+                    "message": "The disruption budget guard needs 2 healthy pods and has 2 currently",
+                }
+            ]
+        },
+        "code": 429,
+    }
+)
+THROTTLED_BODY = json.dumps(
+    {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": "Too many requests, please try again later.",
+        "reason": "TooManyRequests",
+        "details": {"retryAfterSeconds": 1},
+        "code": 429,
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "outcome"),
+    [
+        (201, '{"kind":"Status","status":"Success","code":201}', "evicted"),
+        (200, "", "evicted"),
+        (429, PDB_BODY, "pdb"),
+        (429, PDB_BODY.encode(), "pdb"),
+        (429, THROTTLED_BODY, "throttled"),
+        (429, "not json", "throttled"),
+        (429, None, "throttled"),
+        (404, '{"reason":"NotFound"}', "gone"),
+        (409, '{"reason":"Conflict","message":"the UID in the precondition (a) does not match"}', "gone"),
+        (500, '{"message":"This pod has more than one PodDisruptionBudget"}', "error"),
+        (0, "connection refused", "error"),
+        (403, '{"reason":"Forbidden"}', "error"),
+    ],
+)
+def test_classify_eviction(status: int, body: str | bytes | None, outcome: str) -> None:
+    assert classify_eviction(status, body) == outcome
+
+
+def test_status_message() -> None:
+    assert status_message(PDB_BODY) == "Cannot evict pod as it would violate the pod's disruption budget."
+    assert status_message("plain text\n") == "plain text"
+    assert status_message(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("attempt", "cap", "expected"),
+    [
+        (0, 60, 1.0),
+        (1, 60, 2.0),
+        (2, 60, 4.0),
+        (5, 60, 32.0),
+        (6, 60, 60.0),
+        (50, 60, 60.0),
+        (5000, 60, 60.0),
+        (3, 2.5, 2.5),
+    ],
+)
+def test_backoff_seconds(attempt: int, cap: float, expected: float) -> None:
+    assert backoff_seconds(attempt, cap) == expected
+
+
+def test_backoff_refuses_negative_attempts() -> None:
+    with pytest.raises(ValueError, match="from 0"):
+        backoff_seconds(-1, 10)
+
+
+# -- API bodies and records -----------------------------------------------------------------------
+
+
+def test_bodies() -> None:
+    notice = Notice(EVENT_ID, "why", NOW, "spend")
+    assert notice_patch("uid-1", notice) == {
+        "metadata": {"uid": "uid-1", "annotations": {NOTICE_ANNOTATION: notice.to_annotation()}}
+    }
+    assert withdraw_patch("TEXT") == [
+        {"op": "test", "path": "/metadata/annotations/gpumeter.io~1eviction-notice", "value": "TEXT"},
+        {"op": "remove", "path": "/metadata/annotations/gpumeter.io~1eviction-notice"},
+    ]
+    assert eviction_body("ml", "p", "uid-1") == {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": "p", "namespace": "ml"},
+        "deleteOptions": {"preconditions": {"uid": "uid-1"}},
+    }
+
+
+def test_record_ids_are_deterministic_and_distinct() -> None:
+    view = pod("a", 2)
+    first = pod_record(EVENT_ID, "spend", view, "noticed", "one", NOW)
+    again = pod_record(EVENT_ID, "spend", view, "noticed", "other detail", NOW + timedelta(hours=1))
+    assert first.record_id == again.record_id == record_id(EVENT_ID, "uid-a", "noticed")
+    distinct = {
+        first.record_id,
+        pod_record(EVENT_ID, "spend", view, "evicted", "", NOW).record_id,
+        pod_record("other-event", "spend", view, "noticed", "", NOW).record_id,
+        pod_record(EVENT_ID, "spend", pod("b"), "noticed", "", NOW).record_id,
+        queue_record(EVENT_ID, "spend", TENANT, "gpumeter-team-a", "queue_closed", "", NOW).record_id,
+    }
+    assert len(distinct) == 5
+    assert (first.tenant, first.namespace, first.pod, first.gpus, first.node) == (
+        TENANT,
+        "ml",
+        "a",
+        Decimal(2),
+        "gpu-0",
+    )
+
+
+# -- spot reclaim -----------------------------------------------------------------------------------
+
+ON_DEMAND_ONLY = {"gpumeter.io/capacity-type": "on-demand"}
+SPOT_LABEL = {"gpumeter.io/capacity-type": "spot"}
+
+
+def node(
+    name: str,
+    gpus: int = 4,
+    labels: dict[str, str] | None = None,
+    taints: tuple[Taint, ...] = (),
+    unschedulable: bool = False,
+) -> NodeView:
+    return NodeView(
+        name,
+        Decimal(gpus),
+        labels if labels is not None else {"gpumeter.io/capacity-type": "on-demand"},
+        taints,
+        unschedulable,
+    )
+
+
+def waiting(name: str, gpus: int = 2, **kwargs: Any) -> PodView:
+    kwargs.setdefault("node_selector", ON_DEMAND_ONLY)
+    return pod(name, gpus, node=None, phase="Pending", started=None, unschedulable=True, **kwargs)
+
+
+def spot_pod(name: str, gpus: int = 1, node_name: str = "gpu-0", **kwargs: Any) -> PodView:
+    return pod(name, gpus, node=node_name, labels=SPOT_LABEL, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "target", "allowed"),
+    [
+        pytest.param(waiting("p"), node("n"), True, id="selector-matches"),
+        pytest.param(waiting("p"), node("n", labels=SPOT_LABEL), False, id="selector-rejects"),
+        pytest.param(waiting("p"), node("n", unschedulable=True), False, id="cordoned"),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                affinity=[{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}],
+            ),
+            node("n", labels={"zone": "b"}),
+            True,
+            id="affinity-in",
+        ),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                affinity=[{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["b"]}]}],
+            ),
+            node("n", labels={"zone": "b"}),
+            False,
+            id="affinity-notin",
+        ),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                affinity=[
+                    {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]},
+                ],
+            ),
+            node("n", labels={}),
+            True,
+            id="terms-are-ored",
+        ),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                affinity=[{"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]}]}],
+            ),
+            node("n", labels={"gpus": "8"}),
+            True,
+            id="affinity-gt",
+        ),
+        pytest.param(
+            waiting("p", node_selector={}),
+            node("n", taints=(Taint("dedicated", "ml", "NoSchedule"),)),
+            False,
+            id="untolerated-taint",
+        ),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                tolerations=[
+                    {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+                ],
+            ),
+            node("n", taints=(Taint("dedicated", "ml", "NoSchedule"),)),
+            True,
+            id="tolerated-taint",
+        ),
+        pytest.param(
+            waiting("p", node_selector={}, tolerations=[{"operator": "Exists"}]),
+            node("n", taints=(Taint("dedicated", "ml", "NoExecute"),)),
+            True,
+            id="tolerate-everything",
+        ),
+        pytest.param(
+            waiting("p", node_selector={}),
+            node("n", taints=(Taint("soft", "", "PreferNoSchedule"),)),
+            True,
+            id="prefer-no-schedule-does-not-block",
+        ),
+    ],
+)
+def test_node_allows(candidate: PodView, target: NodeView, allowed: bool) -> None:
+    assert node_allows(candidate, target) is allowed
+
+
+@pytest.mark.parametrize(
+    ("candidate", "excludes"),
+    [
+        pytest.param(waiting("p"), True, id="selector-on-demand"),
+        pytest.param(
+            waiting("p", node_selector={"karpenter.sh/capacity-type": "on-demand"}), True, id="cloud-label"
+        ),
+        pytest.param(
+            waiting("p", node_selector={"gpumeter.io/capacity-type": "spot"}), False, id="wants-spot"
+        ),
+        pytest.param(waiting("p", node_selector={}), False, id="no-constraint"),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                affinity=[
+                    {
+                        "matchExpressions": [
+                            {"key": "gpumeter.io/capacity-type", "operator": "NotIn", "values": ["spot"]}
+                        ]
+                    }
+                ],
+            ),
+            True,
+            id="affinity-notin",
+        ),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                affinity=[
+                    {"matchExpressions": [{"key": "cloud.google.com/gke-spot", "operator": "DoesNotExist"}]}
+                ],
+            ),
+            True,
+            id="affinity-doesnotexist",
+        ),
+        pytest.param(
+            waiting(
+                "p",
+                node_selector={},
+                affinity=[
+                    {
+                        "matchExpressions": [
+                            {"key": "gpumeter.io/capacity-type", "operator": "In", "values": ["on-demand"]}
+                        ]
+                    },
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                ],
+            ),
+            False,
+            id="one-term-admits-spot",
+        ),
+    ],
+)
+def test_excludes_spot(candidate: PodView, excludes: bool) -> None:
+    assert excludes_spot(candidate) is excludes
+
+
+def plan_names(
+    nodes: list[NodeView], pods: list[PodView], blocked: set[str] | None = None
+) -> list[tuple[str, str, list[str]]]:
+    return [
+        (r.pending.name, r.node, names(r.victims)) for r in plan_spot_reclaim(nodes, pods, blocked or set())
+    ]
+
+
+def test_reclaim_frees_room_with_the_fewest_spot_pods() -> None:
+    pods = [
+        pod("busy-1", 1),
+        pod("busy-2", 1),
+        spot_pod("spot-old", 1, started="2026-11-19T00:00:00Z"),
+        spot_pod("spot-new", 1, started="2026-11-20T10:00:00Z"),
+        waiting("trainer", 1),
+    ]
+    # gpu-0: 4 GPUs all taken; one GPU missing; the most recently started spot pod goes.
+    assert plan_names([node("gpu-0")], pods) == [("trainer", "gpu-0", ["spot-new"])]
+
+
+def test_reclaim_prefers_the_node_needing_fewest_victims() -> None:
+    pods = [
+        spot_pod("a1", 1, "gpu-a"),
+        spot_pod("a2", 1, "gpu-a"),
+        pod("a-busy", 2, node="gpu-a"),
+        spot_pod("b1", 2, "gpu-b"),
+        pod("b-busy", 2, node="gpu-b"),
+        waiting("trainer", 2),
+    ]
+    assert plan_names([node("gpu-a"), node("gpu-b")], pods) == [("trainer", "gpu-b", ["b1"])]
+
+
+@pytest.mark.parametrize(
+    ("pods", "nodes", "blocked"),
+    [
+        pytest.param([pod("busy", 2), waiting("trainer", 2)], [node("gpu-0")], set(), id="room-already-free"),
+        pytest.param(
+            [pod("busy", 4), waiting("trainer", 2)], [node("gpu-0")], set(), id="no-spot-pods-to-take"
+        ),
+        pytest.param(
+            [spot_pod("s", 4), waiting("trainer", 2, node_selector={})],
+            [node("gpu-0")],
+            set(),
+            id="pending-pod-may-run-on-spot",
+        ),
+        pytest.param(
+            [spot_pod("s", 4), waiting("trainer", 2)], [node("gpu-0")], {TENANT}, id="tenant-blocked"
+        ),
+        pytest.param(
+            [
+                spot_pod("s", 4),
+                pod("trainer", 2, node=None, phase="Pending", started=None, node_selector=ON_DEMAND_ONLY),
+            ],
+            [node("gpu-0")],
+            set(),
+            id="scheduler-has-not-given-up",
+        ),
+        pytest.param(
+            [spot_pod("s", 4, annotations={"gpumeter.io/protected": "true"}), waiting("trainer", 2)],
+            [node("gpu-0")],
+            set(),
+            id="protected-spot-pod",
+        ),
+        pytest.param(
+            [
+                spot_pod("s", 4, annotations=noticed("spot-reclaim:uid-trainer", metric="")),
+                waiting("trainer", 2),
+            ],
+            [node("gpu-0")],
+            set(),
+            id="room-already-being-freed",
+        ),
+        pytest.param(
+            [spot_pod("s", 1), pod("busy", 3), waiting("trainer", 2)],
+            [node("gpu-0")],
+            set(),
+            id="all-spot-pods-not-enough",
+        ),
+        pytest.param(
+            [spot_pod("s", 4, node_name="spot-0"), waiting("trainer", 2)],
+            [node("gpu-0", 0), node("spot-0", 4, labels=SPOT_LABEL)],
+            set(),
+            id="spot-node-not-eligible",
+        ),
+    ],
+)
+def test_no_reclaim(pods: list[PodView], nodes: list[NodeView], blocked: set[str]) -> None:
+    assert plan_names(nodes, pods, blocked) == []
+
+
+def test_two_pending_pods_never_count_the_same_room() -> None:
+    pods = [
+        spot_pod("s1", 2, priority=1),
+        spot_pod("s2", 2, priority=2),
+        waiting("first", 2, priority=10),
+        waiting("second", 2, priority=5),
+        waiting("third", 2, priority=1),
+    ]
+    # 4 GPUs, all spot: "first" takes s1 (lower priority), "second" takes s2, "third" finds nothing left.
+    assert plan_names([node("gpu-0")], pods) == [("first", "gpu-0", ["s1"]), ("second", "gpu-0", ["s2"])]
+
+
+def test_node_view_reads_allocatable_and_taints() -> None:
+    view = node_view(
+        {
+            "metadata": {"name": "n", "labels": SPOT_LABEL},
+            "spec": {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}], "unschedulable": True},
+            "status": {"allocatable": {"nvidia.com/gpu": "8", "cpu": "96"}},
+        }
+    )
+    assert (view.name, view.gpus, view.capacity_type, view.taints, view.unschedulable) == (
+        "n",
+        Decimal(8),
+        "spot",
+        (Taint("k", "v", "NoSchedule"),),
+        True,
+    )
+
+
+# -- Volcano queues ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_gpus", "expected"),
+    [
+        (None, None),
+        ("64", "64"),
+        ("100", "100"),
+        ("2.50", "2.5"),
+        ("0", "0"),
+    ],
+)
+def test_gpu_capability(max_gpus: str | None, expected: str | None) -> None:
+    tenant_policy = TenantPolicy(tenant=TENANT, max_gpus=max_gpus)
+    assert gpu_capability(tenant_policy) == expected
+
+
+def test_queue_manifest_and_spec_patch() -> None:
+    limited = TenantPolicy(tenant=TENANT, max_gpus="8")
+    manifest = queue_manifest(TENANT, limited)
+    assert manifest["metadata"] == {
+        "name": "gpumeter-team-a",
+        "labels": {"app.kubernetes.io/managed-by": "gpumeter", "gpumeter.io/tenant": TENANT},
+    }
+    assert manifest["spec"] == {"weight": 1, "reclaimable": True, "capability": {"nvidia.com/gpu": "8"}}
+    assert spec_patch(manifest, limited) is None
+    assert spec_patch({"spec": {"capability": {"nvidia.com/gpu": "8000m"}}}, limited) is None  # same quantity
+    raised = TenantPolicy(tenant=TENANT, max_gpus="16")
+    assert spec_patch(manifest, raised) == {"spec": {"capability": {"nvidia.com/gpu": "16"}}}
+    assert spec_patch(manifest, TenantPolicy(tenant=TENANT)) == {
+        "spec": {"capability": {"nvidia.com/gpu": None}}
+    }
+    assert spec_patch({"spec": {}}, TenantPolicy(tenant=TENANT)) is None
+
+
+def test_blocked_on_reads_the_annotation() -> None:
+    assert blocked_on({"metadata": {"annotations": {"gpumeter.io/blocked-on": "spend,gpu_hours"}}}) == {
+        "spend",
+        "gpu_hours",
+    }
+    assert blocked_on({"metadata": {}}) == frozenset()
+
+
+# -- committing offsets of events handled out of order ----------------------------------------------
+
+
+def test_offsets_commit_only_the_handled_prefix() -> None:
+    tracker: OffsetTracker[str] = OffsetTracker()
+    done = {(p, o): tracker.add(p, o) for p, o in [("p0", 10), ("p0", 11), ("p0", 12), ("p1", 5)]}
+    assert tracker.in_flight == 4
+    assert tracker.committable() == {}
+    done["p0", 11]()  # handled before 10: nothing can be committed on p0 yet
+    done["p1", 5]()
+    assert tracker.committable() == {"p1": 6}
+    done["p0", 10]()
+    assert tracker.committable() == {"p0": 12}  # 10 and 11 handled: next to read is 12
+    assert tracker.committable() == {}  # once per advance
+    done["p0", 12]()
+    assert tracker.committable() == {"p0": 13}
+    assert tracker.in_flight == 0
+
+
+def test_offsets_of_revoked_partitions_are_forgotten() -> None:
+    tracker: OffsetTracker[str] = OffsetTracker()
+    tracker.add("p0", 1)
+    mark = tracker.add("p1", 7)
+    tracker.forget({"p0"})
+    mark()
+    assert tracker.committable() == {"p1": 8}
+    assert tracker.in_flight == 0
+
+
+# -- the tenants file, re-read when it changes -------------------------------------------------------
+
+
+def test_a_tenants_file_that_does_not_parse_is_refused_and_the_last_good_one_stays(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n  - {tenant: team-a, max_gpus: 8, on_exceed: preempt}\n")
+    source = TenantsSource(path)
+    assert source.current().policy("team-a") is not None
+    path.write_text("tenants:\n  - {tenant: team-a, max_gpus: eight}\n")
+    assert source.poll() is False
+    assert source.current().policy("team-a").max_gpus == Decimal(8)  # type: ignore[union-attr]
+    [message] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert str(path) in message and "max_gpus" in message
+    path.write_text("tenants:\n  - {tenant: team-a, max_gpus: 16}\n  - {tenant: team-b}\n")
+    assert source.poll() is True
+    assert source.current().policy("team-a").max_gpus == Decimal(16)  # type: ignore[union-attr]
+    assert source.poll() is False  # unchanged since

@@ -1,0 +1,294 @@
+"""HooksState: the quota fold, tenants of namespaces, GPUs held, pods and effective allocation.
+
+Expected values are written from contract 4 and the module docstring, case by case.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from gpumeter.core.models import QuotaEvent
+from gpumeter.core.tenants import TenantPolicy, TenantsFile
+from scheduler_hooks.state import (
+    HooksState,
+    WatchedNode,
+    WatchedPod,
+    namespace_tenant,
+    normalize_tenant,
+    watched_node,
+    watched_pod,
+)
+from tests.unit.scheduler_hooks.builders import allocation, h100, l40s
+
+AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
+
+
+def quota(tenant: str, metric: str, level: str, period: str = "2026-11", tag: str = "") -> QuotaEvent:
+    return QuotaEvent(
+        event_id=f"{tenant}|{metric}|{level}|{period}|{tag}",
+        tenant=tenant,
+        metric=metric,
+        level=level,
+        threshold="1",
+        used="1",
+        limit="1",
+        period=period,
+        at=AT,
+    )
+
+
+TENANTS = TenantsFile(
+    tenants=[
+        TenantPolicy(
+            tenant="blocker", gpu_hours=Decimal(1), spend=Decimal(1), max_gpus=Decimal(8), on_exceed="block"
+        ),
+        TenantPolicy(tenant="preempter", gpu_hours=Decimal(1), on_exceed="preempt"),
+        TenantPolicy(tenant="notifier", gpu_hours=Decimal(1), max_gpus=Decimal(2), on_exceed="notify"),
+    ]
+)
+
+FOLD_CASES: dict[str, tuple[list[QuotaEvent], dict[str, str]]] = {
+    "exceeded blocks": ([quota("blocker", "gpu_hours", "exceeded")], {"blocker": "gpu_hours"}),
+    "preempt blocks too": ([quota("preempter", "gpu_hours", "exceeded")], {"preempter": "gpu_hours"}),
+    "notify never blocks": ([quota("notifier", "gpu_hours", "exceeded")], {}),
+    "tenant without a policy never blocks": ([quota("stranger", "gpu_hours", "exceeded")], {}),
+    "warning alone does not block": ([quota("blocker", "gpu_hours", "warning")], {}),
+    "recovered unblocks": (
+        [quota("blocker", "gpu_hours", "exceeded"), quota("blocker", "gpu_hours", "recovered")],
+        {},
+    ),
+    "a replayed old exceeded does not undo recovered": (
+        [
+            quota("blocker", "gpu_hours", "exceeded"),
+            quota("blocker", "gpu_hours", "recovered"),
+            quota("blocker", "gpu_hours", "exceeded"),
+        ],
+        {},
+    ),
+    "recovered of another period leaves this one exceeded": (
+        [
+            quota("blocker", "gpu_hours", "exceeded", "2026-11"),
+            quota("blocker", "gpu_hours", "recovered", "2026-10"),
+        ],
+        {"blocker": "gpu_hours"},
+    ),
+    "max_gpus has one scope across periods": (
+        [
+            quota("blocker", "max_gpus", "exceeded", "2026-10"),
+            quota("blocker", "max_gpus", "recovered", "2026-11"),
+        ],
+        {},
+    ),
+    "the first metric in contract order is named": (
+        [quota("blocker", "max_gpus", "exceeded"), quota("blocker", "spend", "exceeded")],
+        {"blocker": "spend"},
+    ),
+    "a metric without a limit in the file does not block": ([quota("preempter", "spend", "exceeded")], {}),
+    "a new crossing after recovery blocks again": (
+        [
+            quota("blocker", "spend", "exceeded", tag="g0"),
+            quota("blocker", "spend", "recovered", tag="g0"),
+            quota("blocker", "spend", "exceeded", tag="g1"),
+        ],
+        {"blocker": "spend"},
+    ),
+}
+
+
+@pytest.mark.parametrize(("events", "blocked"), FOLD_CASES.values(), ids=FOLD_CASES.keys())
+def test_quota_fold(events: list[QuotaEvent], blocked: dict[str, str]) -> None:
+    state = HooksState(TENANTS)
+    for item in events:
+        state.apply_quota_event(item)
+    assert state.blocked == blocked
+
+
+def test_reloaded_tenants_file_reevaluates_blocking_and_max_gpus() -> None:
+    state = HooksState(TENANTS)
+    state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
+    # Contract 6: max_gpus refuses new pods whatever on_exceed says (notify included).
+    assert state.max_gpus == {"blocker": Decimal(8), "notifier": Decimal(2)}
+    state.set_tenants(
+        TenantsFile(tenants=[TenantPolicy(tenant="blocker", gpu_hours=Decimal(1), on_exceed="notify")])
+    )
+    assert (state.blocked, state.max_gpus) == ({}, {})
+    state.set_tenants(TENANTS)
+    assert state.blocked == {"blocker": "gpu_hours"}
+
+
+def pod(uid: str, namespace: str = "ns-a", node: str = "", gpus: int = 1, **extra: Any) -> WatchedPod:
+    return WatchedPod(uid=uid, namespace=namespace, name=uid, node=node, gpus=gpus, **extra)
+
+
+def test_gpus_held_follow_binding_termination_and_namespace_relabel() -> None:
+    state = HooksState()
+    state.upsert_pod(pod("p1", gpus=2))  # pending: holds nothing yet
+    assert state.gpus_held == {}
+    state.upsert_pod(pod("p1", node="n1", gpus=2))
+    state.upsert_pod(pod("p2", node="n1", gpus=3, namespace="ns-b"))
+    assert state.gpus_held == {"ns-a": 2, "ns-b": 3}
+    state.upsert_namespace("ns-b", "team")
+    state.upsert_namespace("ns-a", "team")
+    assert state.gpus_held == {"team": 5}
+    assert state.pods["p1"].tenant == "team"
+    state.upsert_pod(pod("p2", node="n1", gpus=3, namespace="ns-b", terminal=True))
+    assert state.gpus_held == {"team": 2} and "p2" not in state.pods
+    state.delete_namespace("ns-a")  # the label goes with it: the name is the tenant again
+    assert state.gpus_held == {"ns-a": 2}
+    state.delete_pod("p1")
+    assert state.gpus_held == {}
+
+
+def test_replace_pods_drops_what_the_new_list_lacks() -> None:
+    state = HooksState()
+    state.replace_pods([pod("a", node="n1"), pod("b", node="n1")])
+    state.replace_pods([pod("b", node="n1")])
+    assert set(state.pods) == {"b"} and state.gpus_held == {"ns-a": 1}
+
+
+@pytest.mark.parametrize(
+    ("node_labels", "hint", "expected"),
+    [
+        ({"gpumeter.io/capacity-type": "spot"}, None, "spot"),
+        ({"karpenter.sh/capacity-type": "spot"}, None, "spot"),
+        ({"eks.amazonaws.com/capacityType": "ON_DEMAND"}, "spot", "on-demand"),  # the node wins
+        ({"cloud.google.com/gke-spot": "true"}, None, "spot"),
+        ({}, "reserved", "reserved"),
+        ({}, None, "on-demand"),
+    ],
+)
+def test_capacity_type_node_first_then_pod(
+    node_labels: dict[str, str], hint: str | None, expected: str
+) -> None:
+    state = HooksState()
+    node = watched_node({"metadata": {"name": "n1", "labels": node_labels}, "status": {}})
+    assert node is not None
+    state.upsert_node(node)
+    state.upsert_pod(pod("p", node="n1", capacity_hint=hint))
+    assert state.pods["p"].capacity_type == expected
+
+
+def test_watched_pod_reads_the_api_object() -> None:
+    obj = {
+        "metadata": {
+            "uid": "u1",
+            "namespace": "ns",
+            "name": "w",
+            "annotations": {"gpumeter.io/protected": "True"},
+            "labels": {"gpumeter.io/capacity-type": "spot"},
+        },
+        "spec": {
+            "nodeName": "n1",
+            "priority": 7,
+            "containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+                {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}}},
+            ],
+        },
+        "status": {"phase": "Running", "startTime": "2026-11-05T10:00:00Z"},
+    }
+    assert watched_pod(obj) == WatchedPod(
+        uid="u1",
+        namespace="ns",
+        name="w",
+        node="n1",
+        gpus=3,
+        priority=7,
+        protected=True,
+        capacity_hint="spot",
+        started_at=datetime(2026, 11, 5, 10, tzinfo=UTC),
+        terminal=False,
+    )
+    assert watched_pod({"metadata": {"name": "no-uid"}}) is None
+    bad_quantity = {
+        "metadata": {"uid": "u2"},
+        "spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "many"}}}]},
+    }
+    assert watched_pod(bad_quantity) is not None and watched_pod(bad_quantity).gpus == 0  # type: ignore[union-attr]
+
+
+def test_watched_node_and_namespace_tenant() -> None:
+    assert watched_node(
+        {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+    ) == WatchedNode("n", None, 8)
+    assert watched_node({"metadata": {"name": "n"}, "status": {"capacity": {"cpu": "8"}}}) == WatchedNode("n")
+    assert namespace_tenant({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "Team_A"}}}) == (
+        "ns",
+        "team-a",
+    )
+    assert namespace_tenant({"metadata": {"name": "ns"}}) == ("ns", None)
+    assert normalize_tenant("--Data Science!!") == "data-science"
+
+
+def test_a_pod_bound_since_the_record_takes_the_best_set_left() -> None:
+    # L40S: pairs (0,1) and (2,3) on one PCIe switch each (PIX), SYS across. The record holds
+    # GPU 0; a 2-GPU pod bound since gets the intact PIX pair (2,3), the device plugin's pick,
+    # so a further 1-GPU pod is left GPU 1: one free.
+    state = HooksState()
+    state.apply_topology(l40s("l40s-0"))
+    state.apply_allocation(allocation("l40s-0", 0))
+    state.upsert_pod(pod("new", node="l40s-0", gpus=2))
+    effective = state.effective_allocation("l40s-0")
+    assert effective is not None
+    assert {a.pod_uid: a.gpu_indices for a in effective.assignments} == {"uid-holder": [0], "new": [2, 3]}
+    assert state.placement.free("l40s-0") == 1
+
+
+def test_a_pod_watched_gone_frees_its_gpus_before_the_next_record() -> None:
+    state = HooksState()
+    state.apply_topology(h100("h100-0"))
+    state.apply_allocation(allocation("h100-0", 0, 1, 2, 3, 4, 5, pod="holder"))
+    assert state.placement.free("h100-0") == 2
+    state.upsert_pod(pod("uid-holder", node="h100-0", gpus=6))
+    state.delete_pod("uid-holder")
+    assert state.placement.free("h100-0") == 8
+
+
+def test_without_topology_the_count_comes_from_the_node() -> None:
+    state = HooksState()
+    state.upsert_node(WatchedNode("plain", None, 4))
+    state.upsert_pod(pod("p", node="plain", gpus=3))
+    assert state.placement.free("plain") == 1
+    state.delete_pod("p")
+    assert state.placement.free("plain") == 4
+
+
+def test_topology_tombstone_forgets_the_layout_keeps_the_count() -> None:
+    state = HooksState()
+    state.upsert_node(WatchedNode("h100-0", None, 8))
+    state.apply_topology(h100("h100-0"))
+    state.apply_allocation(allocation("h100-0", 0, 1))
+    state.remove_topology("h100-0")
+    entry = state.placement.entry("h100-0")
+    assert entry is not None and entry.gpus is None and entry.free == 6
+
+
+def test_readiness_waits_for_every_expected_source() -> None:
+    state = HooksState()
+    assert state.ready
+    state.expect("pods", "topology")
+    state.loaded("pods")
+    assert (state.ready, state.waiting_for) == (False, ["topology"])
+    state.loaded("topology")
+    assert state.ready
+
+
+def test_cached_scores_and_free_counts_follow_every_update() -> None:
+    # The request path reads PlacementIndex.scores (cached per k) and free_counts: each update
+    # of a node must show in the next answer. 2-GPU pod on 8x H100 (NV18): 8 free scores
+    # 6 + round(4 x (1 + 2/8) / 2) = 9; 2 free scores 10; an unknown node 5; too few free None.
+    state = HooksState()
+    index = state.placement
+    assert index.scores(["h100-0"], 2) == [5] and "h100-0" not in index.free_counts
+    state.apply_topology(h100("h100-0"))
+    assert index.scores(["h100-0"], 2) == [9] and index.free_counts["h100-0"] == 8
+    state.apply_allocation(allocation("h100-0", 0, 1, 2, 3, 4, 5))
+    assert index.scores(["h100-0"], 2) == [10] and index.free_counts["h100-0"] == 2
+    state.apply_allocation(allocation("h100-0", 0, 1, 2, 3, 4, 5, 6))
+    assert index.scores(["h100-0"], 2) == [None] and index.free_counts["h100-0"] == 1
+    index.remove("h100-0")
+    assert index.scores(["h100-0"], 2) == [5] and "h100-0" not in index.free_counts
