@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install proto demo test lint unit integration bench testbin up down status clean
+.PHONY: install proto demo test lint unit integration kube bench testbin up down status clean dashboards
 
 install: $(STAMP)
 
@@ -39,6 +39,15 @@ unit: install
 
 integration: install
 	$(BIN)/python -m pytest tests/integration tests/chaos
+
+# The Kubernetes control plane tests (real kube-apiserver, scheduler, KWOK).
+kube: install testbin
+	$(BIN)/python -m pytest tests/kube
+
+# Grafana dashboards as code: regenerate dashboards/grafana/*.json from dashboards/panels.py
+# (tests/unit/dashboards/test_boards.py fails while the committed JSON is stale).
+dashboards: install
+	$(BIN)/python -m dashboards.boards
 
 bench: install proto
 	$(BIN)/python benchmarks/pipeline.py
