@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpumeter.core.money import SECONDS_PER_HOUR, exact, format_money, format_quantity, round_money
 from gpumeter.core.ratecard import Rate, RateCardSet
 from gpumeter.core.tenants import TenantPolicy
 from pricing.rating import find_rate
+from pricing.terms import credit_sources, credits_remaining, draw
 
 ZERO = Decimal(0)
 InvoiceStatus = Literal["draft", "final", "adjustment"]
@@ -64,6 +66,28 @@ class Invoice(BaseModel):
     commitment_true_up: Decimal
     credits: Decimal
     total: Decimal
+    # Set once the invoice is issued (the ledger numbers it); None on drafts.
+    number: str | None = None
+    issued_at: datetime | None = None
+    adjusts: str | None = None  # an adjustment's original: the number of the month's final
+    # Credits applied, per source (the monthly allowance or a grant id); their sum is credits.
+    credit_draws: dict[str, Decimal] = Field(default_factory=dict)
+    # Σ balance of the tenant's credit grants still usable after this invoice.
+    credits_remaining: Decimal = Decimal(0)
+
+    def issued_document(self) -> dict[str, object]:
+        """Contract 4b plus what an issued invoice carries: number, issue time, the original it
+        adjusts, credits per source and credits remaining. The content hash covers exactly this."""
+        issued_at = self.issued_at.isoformat(timespec="milliseconds") if self.issued_at else None
+        draws = self.credit_draws
+        return {
+            **self.to_document(),
+            "number": self.number,
+            "issued_at": issued_at,
+            "adjusts": self.adjusts,
+            "credit_draws": {source: format_money(draws[source]) for source in sorted(draws)},
+            "credits_remaining": format_money(self.credits_remaining),
+        }
 
     def to_document(self) -> dict[str, object]:
         """The contract 4b JSON document: money with two decimals, quantities with six."""
@@ -116,6 +140,48 @@ def tiered_amount_seconds(rate: Rate, unit_seconds: Decimal) -> Decimal:
     return total
 
 
+@dataclass(frozen=True)
+class Band:
+    """The part of a line's quantity in one tier band (lower, upper], and its price."""
+
+    lower: Decimal
+    upper: Decimal | None  # None: unbounded
+    quantity: Decimal
+    unit_price: Decimal
+
+
+def bands(rate: Rate, quantity: Decimal) -> list[Band]:
+    """The bands a line quantity (unit-hours) fills, in order; one open band for a flat rate.
+
+    For display: the line amount stays the one computed (and rounded once) by line_amount.
+    """
+    if not rate.tiers:
+        return [Band(ZERO, None, quantity, rate.list_price)]
+    filled: list[Band] = []
+    lower = ZERO
+    for tier in rate.tiers:
+        if quantity <= lower and filled:
+            break
+        top = quantity if tier.up_to is None else min(quantity, tier.up_to)
+        filled.append(Band(lower, tier.up_to, max(top - lower, ZERO), tier.unit_price))
+        if tier.up_to is None:
+            break
+        lower = tier.up_to
+    return filled
+
+
+def rate_of(cards: RateCardSet, key: LineKey) -> tuple[Rate, Decimal]:
+    """The rate and capacity multiplier that price a line."""
+    try:
+        card = cards.by_version(key.rate_card)
+    except KeyError:
+        raise InvoiceError(f"rate card {key.rate_card} is not loaded; cannot price {key}") from None
+    rate = find_rate(card, key.kind, key.gpu_model, key.mig_profile)
+    if rate is None:
+        raise InvoiceError(f"rate card {key.rate_card} has no rate for {key}")
+    return rate, card.capacity_multipliers[key.capacity_type]
+
+
 def line_amount(cards: RateCardSet, usage: UsageLine) -> tuple[Decimal, Decimal, str]:
     """(unit-hours, amount rounded to cents, currency) for one line."""
     key = usage.key
@@ -133,16 +199,10 @@ def line_amount(cards: RateCardSet, usage: UsageLine) -> tuple[Decimal, Decimal,
         return quantity, round_money(amount), card.currency
 
 
-def build_invoice(
-    tenant: str,
-    period: str,
-    usage: list[UsageLine],
-    cards: RateCardSet,
-    policy: TenantPolicy | None,
-    status: InvoiceStatus = "draft",
-    default_currency: str | None = None,
-) -> Invoice:
-    """The invoice of one tenant and month from its aggregated usage lines."""
+def price_lines(
+    usage: list[UsageLine], cards: RateCardSet, tenant: str, period: str, default_currency: str | None = None
+) -> tuple[list[InvoiceLine], str]:
+    """The priced lines of one tenant-month, sorted, and their one currency."""
     lines: list[InvoiceLine] = []
     currencies: set[str] = set()
     for item in sorted(usage, key=lambda u: _sort_key(u.key)):
@@ -163,8 +223,36 @@ def build_invoice(
     if len(currencies) > 1:
         raise InvoiceError(f"{tenant} {period}: usage priced in several currencies {sorted(currencies)}")
     currency = currencies.pop() if currencies else (default_currency or cards.cards[-1].currency)
+    return lines, currency
+
+
+def true_up(subtotal: Decimal, policy: TenantPolicy | None, period: str) -> Decimal:
+    """Contract 3, step 5: commitment - subtotal when the subtotal is below the month's commitment."""
+    commitment = policy.commitment_in(period) if policy is not None else ZERO
+    return round_money(commitment - subtotal) if subtotal < commitment else ZERO
+
+
+def build_invoice(
+    tenant: str,
+    period: str,
+    usage: list[UsageLine],
+    cards: RateCardSet,
+    policy: TenantPolicy | None,
+    status: InvoiceStatus = "draft",
+    default_currency: str | None = None,
+) -> Invoice:
+    """The invoice of one tenant and month from its aggregated usage lines, as if nothing had been
+    issued before: credit grants at their full balance (the ledger prices with history instead).
+
+    The credits figure is what was applied, so subtotal + true-up - credits = total holds on
+    every invoice even when the tenant's credits exceed the bill.
+    """
+    lines, currency = price_lines(usage, cards, tenant, period, default_currency)
     subtotal = sum((line.amount for line in lines), ZERO)
-    true_up, credits, total = settle(subtotal, policy)
+    commitment_true_up = true_up(subtotal, policy, period)
+    before_credits = subtotal + commitment_true_up
+    draws = draw(before_credits, credit_sources(policy, period, {}, {}))
+    credits = sum(draws.values(), ZERO)
     return Invoice(
         tenant=tenant,
         period=period,
@@ -172,24 +260,12 @@ def build_invoice(
         status=status,
         lines=lines,
         subtotal=subtotal,
-        commitment_true_up=true_up,
+        commitment_true_up=commitment_true_up,
         credits=credits,
-        total=total,
+        total=before_credits - credits,
+        credit_draws=draws,
+        credits_remaining=credits_remaining(policy, period, draws),
     )
-
-
-def settle(subtotal: Decimal, policy: TenantPolicy | None) -> tuple[Decimal, Decimal, Decimal]:
-    """(commitment true-up, credits applied, total) per contract 3, step 5.
-
-    The credits figure is what was applied, so subtotal + true-up - credits = total
-    holds on every invoice even when the tenant's credits exceed the bill.
-    """
-    commitment = policy.commitment if policy and policy.commitment is not None else ZERO
-    available = policy.credits if policy and policy.credits is not None else ZERO
-    true_up = round_money(commitment - subtotal) if subtotal < commitment else ZERO
-    before_credits = subtotal + true_up
-    applied = round_money(min(available, before_credits))
-    return true_up, applied, before_credits - applied
 
 
 def adjustment(current: Invoice, finalized: list[Invoice]) -> Invoice | None:

@@ -1,16 +1,16 @@
-"""Where invoices meet ClickHouse: usage lines in, finalized invoices in and out."""
+"""Where invoices meet ClickHouse: a month's usage lines in; the pricing schema (the invoice
+ledger itself is in pricing/ledger_store.py)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from gpumeter.core import jsonio
 from gpumeter.infra.clickhouse import to_decimal
 from gpumeter.infra.tables import Column, Migration, SchemaOwner, Table
-from pricing.invoice import Invoice, InvoiceLine, LineKey, UsageLine
+from pricing.invoice import LineKey, UsageLine
+from pricing.ledger_store import LEDGER_MIGRATION
 
 INVOICES = Table(
     name="invoices",
@@ -29,7 +29,12 @@ INVOICES = Table(
 )
 
 PRICING = SchemaOwner(
-    owner="pricing", migrations=(Migration(1, "finalized invoices", (INVOICES.create_sql(),)),)
+    owner="pricing",
+    migrations=(
+        # Superseded by the ledger (migration 2): kept, never read, so old databases still migrate.
+        Migration(1, "finalized invoices", (INVOICES.create_sql(),)),
+        LEDGER_MIGRATION,
+    ),
 )
 
 
@@ -39,10 +44,15 @@ def usage_lines(client: Client, tenant: str, period: str) -> list[UsageLine]:
 
 
 def usage_lines_by_tenant(
-    client: Client, period: str, tenant: str | None = None
+    client: Client, period: str, tenant: str | list[str] | None = None
 ) -> dict[str, list[UsageLine]]:
-    """Every tenant's invoice lines of a month in one aggregate query (or one tenant's)."""
-    where = "period = %(period)s" + (" AND tenant = %(tenant)s" if tenant is not None else "")
+    """Every tenant's invoice lines of a month in one aggregate query (or one tenant's, or those
+    of a list of tenants)."""
+    where = "period = %(period)s"
+    if isinstance(tenant, list):
+        where += " AND tenant IN %(tenant)s"
+    elif tenant is not None:
+        where += " AND tenant = %(tenant)s"
     rows = client.query(
         "SELECT tenant, rate_card, kind, gpu_model, mig_profile, capacity_type, sum(unit_seconds) "
         f"FROM rated_usage FINAL WHERE {where} "
@@ -64,48 +74,17 @@ def tenants_with_usage(client: Client, period: str) -> list[str]:
     return [str(row[0]) for row in rows]
 
 
-def finalized_invoices(client: Client, tenant: str, period: str) -> list[Invoice]:
-    return finalized_by_tenant(client, period, tenant).get(tenant, [])
-
-
-def finalized_by_tenant(client: Client, period: str, tenant: str | None = None) -> dict[str, list[Invoice]]:
-    """Issued invoices of a month per tenant, in issue order (one query)."""
-    where = "period = %(period)s" + (" AND tenant = %(tenant)s" if tenant is not None else "")
+def usage_to_date(
+    client: Client, tenant: str, period: str
+) -> list[tuple[LineKey, Decimal, Decimal, str, int]]:
+    """The real-time view of one tenant-month: per line, (key, Σ unit-seconds, Σ streaming list
+    cost, currency, samples), each event_id once."""
     rows = client.query(
-        f"SELECT tenant, document, exact_quantities FROM invoices WHERE {where} ORDER BY tenant, seq",
+        "SELECT rate_card, kind, gpu_model, mig_profile, capacity_type, sum(unit_seconds), sum(list_cost), "
+        "any(currency), count() FROM rated_usage FINAL WHERE tenant = %(tenant)s AND period = %(period)s "
+        "GROUP BY rate_card, kind, gpu_model, mig_profile, capacity_type "
+        "ORDER BY rate_card, kind, gpu_model, mig_profile, capacity_type",
         parameters={"tenant": tenant, "period": period},
     ).result_rows
-    issued: dict[str, list[Invoice]] = {}
-    for row in rows:
-        document, quantities = jsonio.loads(row[1]), jsonio.loads(row[2])
-        issued.setdefault(str(row[0]), []).append(invoice_from_document(document, quantities))
-    return issued
-
-
-def record_final(client: Client, invoice: Invoice, seq: int) -> None:
-    """Store an invoice as issued; it is never changed afterwards."""
-    row = INVOICES.row_from({
-        "tenant": invoice.tenant, "period": invoice.period, "seq": seq, "status": invoice.status,
-        "document": jsonio.dumps(invoice.to_document()),
-        "exact_quantities": jsonio.dumps([str(line.quantity) for line in invoice.lines]),
-    })
-    client.insert(INVOICES.name, [row], column_names=list(INVOICES.insert_columns))
-
-
-def invoice_from_document(document: dict[str, Any], exact_quantities: list[str]) -> Invoice:
-    """Read back a stored invoice: its contract-4b document and its unrounded quantities."""
-    lines = [
-        InvoiceLine(
-            rate_card=line["rate_card"], kind=line["kind"], gpu_model=line["gpu_model"],
-            mig_profile=line["mig_profile"], capacity_type=line["capacity_type"],
-            quantity=Decimal(quantity), amount=Decimal(line["amount"]),
-        )
-        for line, quantity in zip(document["lines"], exact_quantities, strict=True)
-    ]
-    return Invoice(
-        tenant=str(document["tenant"]), period=str(document["period"]),
-        currency=str(document["currency"]), status=document["status"],
-        lines=lines, subtotal=Decimal(str(document["subtotal"])),
-        commitment_true_up=Decimal(str(document["commitment_true_up"])),
-        credits=Decimal(str(document["credits"])), total=Decimal(str(document["total"])),
-    )
+    return [(LineKey(str(r[0]), str(r[1]), r[2], r[3], str(r[4])), to_decimal(r[5]), to_decimal(r[6]),
+             str(r[7]), int(r[8])) for r in rows]

@@ -66,6 +66,8 @@ class WorkerSettings(BaseModel):
     sink_max_backoff_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
     # Prometheus /metrics of the worker; 0 turns it off.
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9465
+    # How often the worker looks for new or corrected rate-card files.
+    rate_card_reload_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
 
 
 def _empty_is_none(value: Any) -> Any:
@@ -105,6 +107,26 @@ class HooksSettings(BaseModel):
     eviction_max_backoff_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
 
 
+class ApiSettings(BaseModel):
+    """`gpumeter api`: the tenant invoice API (contract 7)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: Annotated[str, Field(pattern=r"^[^\s:]+:\d{1,5}$")] = "127.0.0.1:8791"
+    # YAML {tokens: [{sha256: <hex>, tenant: T} | {sha256: <hex>, role: finance}]}; digests, never
+    # tokens. None: no token is valid, so every request but /healthz is refused.
+    tokens: OptionalPath = None
+
+
+class InvoiceSettings(BaseModel):
+    """What invoices say about who sends them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The seller block of PDF invoices: lines separated by " | " (one env var can hold them).
+    seller: str = "gpumeter GPU cluster billing"
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -116,6 +138,8 @@ class Settings(BaseModel):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)
     hooks: HooksSettings = Field(default_factory=HooksSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    invoices: InvoiceSettings = Field(default_factory=InvoiceSettings)
 
 
 def _env_overrides(model: type[BaseModel], env: Mapping[str, str], prefix: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -10,6 +11,62 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gpumeter.core.config_files import ConfigError, read_yaml, validation_failure
 from gpumeter.core.validation import TENANT_PATTERN, DecimalValue, NonNegativeDecimal, non_negative_decimal
+
+PERIOD_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
+# A calendar month, YYYY-MM (UTC): the unit of billing terms. Text compares in month order.
+Month = Annotated[str, Field(pattern=PERIOD_PATTERN)]
+# The source name of the old per-month ``credits`` allowance in an invoice's credit draws.
+MONTHLY_CREDITS = "monthly"
+
+
+class CommitmentTerm(BaseModel):
+    """A minimum monthly spend for the months start..end (inclusive; no end = open-ended)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    monthly: non_negative_decimal(2)  # type: ignore[valid-type]
+    start: Month
+    end: Month | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CommitmentTerm:
+        if self.end is not None and self.end < self.start:
+            raise ValueError(f"end {self.end} is before start {self.start}")
+        return self
+
+    def covers(self, period: str) -> bool:
+        return self.start <= period and (self.end is None or period <= self.end)
+
+
+class CreditGrant(BaseModel):
+    """Credits granted once: a balance that invoices of the months start..end draw down.
+
+    ``end`` is the last month whose invoice may draw on it (the grant expires after it);
+    no end = it never expires.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+    amount: non_negative_decimal(2)  # type: ignore[valid-type]
+    start: Month
+    end: Month | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value == MONTHLY_CREDITS:
+            raise ValueError(f"{MONTHLY_CREDITS!r} names the monthly credits allowance; pick another id")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CreditGrant:
+        if self.end is not None and self.end < self.start:
+            raise ValueError(f"end {self.end} is before start {self.start}")
+        return self
+
+    def usable_in(self, period: str) -> bool:
+        return self.start <= period and (self.end is None or period <= self.end)
 
 
 class TenantPolicy(BaseModel):
@@ -23,8 +80,12 @@ class TenantPolicy(BaseModel):
     warn_at: list[DecimalValue] = Field(default_factory=list)
     on_exceed: Literal["preempt", "block", "notify"] = "notify"
     grace_seconds: Annotated[int, Field(ge=0, le=86400)] = 30
+    # Minimum spend of every month (no term); for a term use ``commitments`` instead.
     commitment: non_negative_decimal(2) | None = None  # type: ignore[valid-type]
+    # Credits applied to every month's invoice, not carried over (a monthly allowance).
     credits: non_negative_decimal(2) | None = None  # type: ignore[valid-type]
+    commitments: list[CommitmentTerm] = Field(default_factory=list)
+    credit_grants: list[CreditGrant] = Field(default_factory=list)
 
     @field_validator("warn_at")
     @classmethod
@@ -35,6 +96,39 @@ class TenantPolicy(BaseModel):
         if value != sorted(set(value)):
             raise ValueError("warn_at must be strictly ascending")
         return value
+
+    @field_validator("commitments")
+    @classmethod
+    def _terms_apart(cls, value: list[CommitmentTerm]) -> list[CommitmentTerm]:
+        ordered = sorted(value, key=lambda term: term.start)
+        for before, after in pairwise(ordered):
+            if before.end is None or after.start <= before.end:
+                raise ValueError(f"commitment terms starting {before.start} and {after.start} overlap")
+        return ordered
+
+    @field_validator("credit_grants")
+    @classmethod
+    def _unique_grants(cls, value: list[CreditGrant]) -> list[CreditGrant]:
+        ids = [grant.id for grant in value]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"credit grant id listed more than once: {', '.join(duplicates)}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind_of_commitment(self) -> TenantPolicy:
+        if self.commitment is not None and self.commitments:
+            raise ValueError("give either commitment (every month) or commitments (terms), not both")
+        return self
+
+    def commitment_in(self, period: str) -> Decimal:
+        """The minimum spend that binds month ``period`` (0 when none does)."""
+        if self.commitment is not None:
+            return self.commitment
+        for term in self.commitments:
+            if term.covers(period):
+                return term.monthly
+        return Decimal(0)
 
 
 class TenantsFile(BaseModel):

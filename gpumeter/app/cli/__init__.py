@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
 
@@ -29,6 +30,16 @@ def _period(value: str) -> str:
     if not PERIOD.match(value):
         raise argparse.ArgumentTypeError(f"period must be YYYY-MM, got {value!r}")
     return value
+
+
+def _rfc3339(value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an RFC 3339 time, got {value!r}") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"the time needs an offset (e.g. Z), got {value!r}")
+    return moment
 
 
 def _positive_float(value: str) -> float:
@@ -70,12 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     ingest = commands.add_parser("ingest", help="publish UsageSample lines from a file ('-' = stdin)")
     ingest.add_argument("file")
 
-    invoice = commands.add_parser("invoice", help="build invoices from ClickHouse")
-    who = invoice.add_mutually_exclusive_group(required=True)
+    invoice = commands.add_parser("invoice", help="invoices from ClickHouse; `invoice close` issues a month")
+    # An optional verb, so every `gpumeter invoice --tenant ...` form parses as before.
+    invoice.add_argument("action", nargs="?", choices=["close"],
+                         help="close: issue every tenant's invoice of an ended month (numbered, stored, "
+                              "never changed; later usage becomes numbered adjustments)")
+    who = invoice.add_mutually_exclusive_group()  # required unless `close`: checked by the command
     who.add_argument("--tenant")
     who.add_argument("--all-tenants", action="store_true")
     invoice.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
     invoice.add_argument("--format", choices=["csv", "json", "pdf"], default="json")
+    invoice.add_argument("--paper", choices=["A4", "Letter"], default="A4", help="PDF page size")
     invoice.add_argument("--out", type=Path, default=Path("gpumeter-out"))
     invoice.add_argument("--finalize", action="store_true",
                          help="issue the invoice: it is stored and never changes; later usage "
@@ -83,6 +99,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     drain = commands.add_parser("drain", help="wait until everything published is rated and stored")
     drain.add_argument("--timeout", type=_positive_float, default=300.0)
+
+    insights = commands.add_parser("insights", help="idle GPUs, month-end and quota forecasts (advice only)")
+    insights.add_argument("--at", type=_rfc3339, default=None,
+                          help="evaluate as of this RFC 3339 time (default: the latest gpu window)")
+    insights.add_argument("--threshold", type=_positive_float, default=0.05,
+                          help="idle below this GPU utilization (0-1, default 0.05)")
+    insights.add_argument("--sustain-minutes", type=_positive_float, default=60.0,
+                          help="for at least this long (default 60)")
+    insights.add_argument("--no-forecasts", action="store_true", help="idle GPUs only")
+    insights.add_argument("--no-publish", action="store_true",
+                          help="print only: no advice events, nothing written to ClickHouse")
+
+    reconcile = commands.add_parser("reconcile", help="prove invoices = rated usage = stored samples")
+    reconcile.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
+
+    commands.add_parser("api", help="the tenant invoice API (HTTP)").add_argument(
+        "--listen", help="HOST:PORT (default: api.listen, 127.0.0.1:8791)")
 
     hooks = commands.add_parser("hooks", help="scheduler extender HTTP service and quota actuator")
     hooks.add_argument("--dry-run", action="store_true",
@@ -102,8 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("local", "up"), "down": ("local", "down"), "status": ("local", "status"),
     "worker": ("worker", "run"), "ingest": ("ingest", "run"), "drain": ("drain", "run"),
-    "quota": ("quota", "run"), "hooks": ("hooks", "run"),
     "invoice": ("invoice", "run"), "collect": ("collect", "run"), "demo": ("demo", "run"),
+    "insights": ("insights", "run"),
+    "quota": ("quota", "run"),
+    "reconcile": ("reconcile", "run"),
+    "api": ("api", "run"),
+    "hooks": ("hooks", "run"),
 }
 
 
