@@ -4,7 +4,9 @@ FakeClickHouseClient behaves like clickhouse-connect's HTTP client where the sin
 it: ``insert`` of a batch holding a value outside its column raises DataError for the whole
 batch (as the real client does while encoding), a server that is away raises
 OperationalError, and a server-side refusal is DatabaseError carrying "Code: N". Its
-``event_ids`` behaves like the EmbeddedRocksDB table: one row per key, the last write wins.
+``event_ids`` behaves like the MergeTree table: every recorded copy is kept, in insertion
+order; and an insert carrying an insert_deduplication_token it has seen is dropped, as the
+engine does for a table with non_replicated_deduplication_window.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class FakeClickHouseClient:
     def __init__(self, down_for: int = 0, server_error: str | None = None,
                  event_ids_down_for: int = 0) -> None:
         self.tables: dict[str, list[Row]] = {"rated_usage": [], "dead_letters": []}
-        self.event_ids: dict[str, Row] = {}
+        self.event_ids: list[Row] = []
+        self.tokens: set[str] = set()
         self.down_for = down_for
         self.event_ids_down_for = event_ids_down_for
         self.server_error = server_error
@@ -50,10 +53,11 @@ class FakeClickHouseClient:
                   for line in external_data.files[0].data.decode().splitlines()}
         if "FROM event_ids" in sql:
             width = 1 + len(FINGERPRINT_COLUMNS)
-            return FakeResult([stored[:width] for key, stored in self.event_ids.items() if key in wanted])
+            return FakeResult([stored[:width] for stored in self.event_ids if stored[0] in wanted])
         return FakeResult([(row[0],) for row in self.tables["rated_usage"] if row[0] in wanted])
 
-    def insert(self, table: str, rows: Sequence[Row], column_names: list[str]) -> None:
+    def insert(self, table: str, rows: Sequence[Row], column_names: list[str],
+               settings: dict[str, Any] | None = None) -> None:
         self.inserts += 1
         if self.down_for > 0:
             self.down_for -= 1
@@ -65,11 +69,16 @@ class FakeClickHouseClient:
                 self.event_ids_down_for -= 1
                 raise OperationalError("connection reset by peer")
             assert column_names == list(EVENT_IDS.insert_columns)
-            self.event_ids.update((stored[0], stored) for stored in rows)
+            self.event_ids.extend(rows)
             return
         for row in rows:
             if not -(2**31) <= row[PRIORITY] < 2**31:
                 raise DataError("Unable to create native array for column `priority`: error")
+        token = (settings or {}).get("insert_deduplication_token")
+        if token in self.tokens:
+            return
+        if token is not None:
+            self.tokens.add(token)
         self.tables[table].extend(rows)
 
     def close(self) -> None:
@@ -270,3 +279,42 @@ def test_a_stopped_writer_acknowledges_nothing_it_has_not_stored() -> None:
 
     stream = asyncio.run(run())
     assert stream.acked == []
+
+
+class FakeMessage:
+    def __init__(self, tp: str) -> None:
+        self.tp = tp
+
+
+class FakeEvent:
+    """What BatchWriter reads of a faust event: its message's topic-partition."""
+
+    def __init__(self, name: str, tp: str) -> None:
+        self.name = name
+        self.message = FakeMessage(tp)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def test_a_revoked_partitions_pending_rows_are_dropped_and_the_rest_stored() -> None:
+    stored: list[list[str]] = []
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        stored.append([r[0] for r in rows])
+        return StoreResult(stored=len(rows))
+
+    async def run() -> FakeStream:
+        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=0.1)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        await writer.add(FakeEvent("a1", "p0"), [row("a1"), row("a1b")])  # type: ignore[arg-type]
+        await writer.add(FakeEvent("b1", "p1"), [row("b1")])  # type: ignore[arg-type]
+        await writer.add(FakeEvent("a2", "p0"), [])  # type: ignore[arg-type]
+        await writer.add(FakeEvent("b2", "p1"), [row("b2")])  # type: ignore[arg-type]
+        await writer.revoke({"p0"})  # type: ignore[arg-type]
+        await writer.flush()
+        return stream
+
+    stream = asyncio.run(run())
+    assert [repr(event) for event in stream.acked] == ["b1", "b2"]
+    assert stored == [["b1", "b2"]]
