@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     insights.add_argument("--no-publish", action="store_true",
                           help="print only: no advice events, nothing written to ClickHouse")
 
+    report = commands.add_parser("report", help="the offline finance report of one month (HTML and CSVs)")
+    report.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
+    report.add_argument("--out", type=Path, default=Path("gpumeter-out"))
+
     reconcile = commands.add_parser("reconcile", help="prove invoices = rated usage = stored samples")
     reconcile.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
 
@@ -139,6 +143,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "insights": ("insights", "run"),
     "quota": ("quota", "run"),
     "reconcile": ("reconcile", "run"),
+    "report": ("report", "run"),
     "api": ("api", "run"),
     "hooks": ("hooks", "run"),
 }
