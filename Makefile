@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install proto demo test lint unit integration kube bench testbin up down status clean dashboards
+.PHONY: install proto demo test lint unit integration kube bench testbin browser up down status clean dashboards
 
 install: $(STAMP)
 
@@ -31,7 +31,13 @@ lint: install proto
 testbin:
 	bash tests/kube/build.sh
 
-test: install testbin lint
+# Headless Chromium for the report's browser test (tests/e2e/test_report_browser.py): Debian's
+# package, installed where missing (CI machines run as root; elsewhere sudo is tried).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium; else sudo apt-get install -y -q chromium; fi; }
+
+test: install testbin browser lint
 	$(BIN)/python -m pytest
 
 unit: install
