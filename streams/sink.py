@@ -5,16 +5,20 @@ its copies (contract 1):
 
 1. inside the batch the first copy of an id wins; a later copy with the same billing fields
    is a duplicate, one with other fields a conflict;
-2. the ids are looked up by key in ``event_ids`` (first stored copy of every id, any tenant,
-   any month): same fields, a duplicate; other fields, a conflict, returned in
+2. the ids are looked up in ``event_ids`` (the stored copy of every id, any tenant, any
+   month; ordered by a hash of the id, so one small granule per id): same fields as a stored
+   copy, a duplicate; other fields, a conflict with the first stored copy, returned in
    ``StoreResult.conflicts`` for the caller to dead-letter (reason ``duplicate_conflict``);
 3. the remaining rows are checked against rated_usage on its time-local key (rows of this
    very batch inserted before an ambiguous failure: their ids are written to event_ids only
    after the rows), inserted, and then their ids recorded in event_ids.
 
 After an ambiguous failure (timeout, server gone) the retry starts again at 1, so a batch
-that did land is not inserted twice. Offsets are committed by the caller only after
-``store_*`` returned.
+that did land is not inserted twice. Behind those checks, each insert into rated_usage
+carries an ``insert_deduplication_token`` naming exactly its rows: the engine drops a repeat
+of the same rows (a retry the lookups could not see yet, the same batch from a second sink
+after a rebalance), in rated_usage and in the hourly rollup its view feeds. Offsets are
+committed by the caller only after ``store_*`` returned.
 
 Failures are of two kinds. A *transient* one (server away, timeout, overload, a missing
 table an operator must restore) is raised, and the caller retries the whole batch. A
@@ -27,6 +31,7 @@ a wedged partition.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import struct
@@ -111,6 +116,8 @@ _ID = RATED_USAGE.insert_columns.index("event_id")
 _TENANT = RATED_USAGE.insert_columns.index("tenant")
 _PERIOD = RATED_USAGE.insert_columns.index("period")
 _WINDOW_START = RATED_USAGE.insert_columns.index("window_start")
+_PARTITION = RATED_USAGE.insert_columns.index("source_partition")
+_OFFSET = RATED_USAGE.insert_columns.index("source_offset")
 _FINGERPRINT = tuple(RATED_USAGE.insert_columns.index(name) for name in FINGERPRINT_COLUMNS)
 _EVENT_ID_ROW = (_ID, *_FINGERPRINT, _PERIOD)
 
@@ -129,6 +136,17 @@ def fingerprint(values: Sequence[Any]) -> tuple[Any, ...]:
 
 def row_fingerprint(row: Row) -> tuple[Any, ...]:
     return fingerprint([row[i] for i in _FINGERPRINT])
+
+
+def insert_token(rows: Sequence[Row]) -> str:
+    """An insert_deduplication_token naming exactly these rows (source position and id of each).
+
+    Derived from the rows' source positions, yet not just the batch's offset range: a split
+    half, or a retry the lookups have already thinned, inserts another set of rows from the
+    same range, and the engine must not take it for a repeat and drop it.
+    """
+    text = "\n".join(f"{row[_PARTITION]}:{row[_OFFSET]}:{row[_ID]}" for row in rows)
+    return "rated-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
 def conflict_reason(event_id: str, first: Sequence[Any], later: Sequence[Any]) -> str:
@@ -207,13 +225,13 @@ class ClickHouseSink:
                     (row, conflict_reason(row[_ID], row_fingerprint(first), row_fingerprint(row))))
         if not unique:
             return result
-        for event_id, billed in self._billed(client, list(unique)).items():
+        for event_id, copies in self._billed(client, list(unique)).items():
             row = unique.pop(event_id)
-            if billed != row_fingerprint(row):
-                result.conflicts.append((row, conflict_reason(event_id, billed, row_fingerprint(row))))
+            if row_fingerprint(row) not in copies:
+                result.conflicts.append((row, conflict_reason(event_id, copies[0], row_fingerprint(row))))
         already = self._already_inserted(client, list(unique.values()))
         fresh = [row for event_id, row in unique.items() if event_id not in already]
-        inserted = self._insert_splitting(client, RATED_USAGE, fresh)
+        inserted = self._insert_splitting(client, RATED_USAGE, fresh, named=True)
         refused = {id(row) for row, _ in inserted.rejected}
         # Ids are recorded only once their rows are in: a crash in between is caught by
         # _already_inserted on the retry, never by skipping a row that was not stored.
@@ -230,14 +248,23 @@ class ClickHouseSink:
         self.counters.unstorable += len(inserted.rejected)
         return result
 
-    def _billed(self, client: Client, ids: list[str]) -> dict[str, tuple[Any, ...]]:
-        """Billing fields of the first stored copy of each id that has one (key lookups)."""
+    def _billed(self, client: Client, ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:
+        """Billing fields of the recorded copies of each id that has any, the first first.
+
+        PREWHERE on the sort key reads one granule of hashes per id and part; the other
+        columns only for the rows whose hash matches. More than one copy of an id is
+        recorded only when two sinks raced; any of them is then the same sample again.
+        """
         found = client.query(
             f"SELECT event_id, {', '.join(FINGERPRINT_COLUMNS)} FROM {EVENT_IDS.name} "
-            f"WHERE event_id IN {IDS_TABLE}",
+            f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
+            f"WHERE event_id IN {IDS_TABLE} ORDER BY recorded_at",
             external_data=ids_table(ids),
         ).result_rows
-        return {row[0]: fingerprint(row[1:]) for row in found}
+        copies: dict[str, list[tuple[Any, ...]]] = {}
+        for row in found:
+            copies.setdefault(row[0], []).append(fingerprint(row[1:]))
+        return copies
 
     def _already_inserted(self, client: Client, rows: list[Row]) -> set[str]:
         """Ids of these rows already in rated_usage (inserted before an ambiguous failure or a
@@ -278,16 +305,20 @@ class ClickHouseSink:
             self.counters.unstorable += len(result.rejected)
             return result
 
-    def _insert_splitting(self, client: Client, table: Table, rows: list[Row]) -> StoreResult:
+    def _insert_splitting(self, client: Client, table: Table, rows: list[Row],
+                          named: bool = False) -> StoreResult:
         """Insert ``rows``; on a permanent error, halve until the refused rows are isolated.
 
         Halves that were stored before a later transient error are skipped on the retry by
-        the caller's duplicate check, so splitting never stores a row twice.
+        the caller's duplicate check, so splitting never stores a row twice. ``named``: each
+        insert (each half too) carries the insert_token of its own rows.
         """
         if not rows:
             return StoreResult()
+        named_insert: dict[str, Any] = (
+            {"settings": {"insert_deduplication_token": insert_token(rows)}} if named else {})
         try:
-            client.insert(table.name, rows, column_names=list(table.insert_columns))
+            client.insert(table.name, rows, column_names=list(table.insert_columns), **named_insert)
             return StoreResult(stored=len(rows))
         except Exception as exc:
             if not is_permanent(exc):
@@ -296,8 +327,8 @@ class ClickHouseSink:
                 log.warning("%s: row refused (%s): %s", table.name, rows[0][0], first_line(exc))
                 return StoreResult(rejected=[(rows[0], first_line(exc))])
         middle = len(rows) // 2
-        left = self._insert_splitting(client, table, rows[:middle])
-        right = self._insert_splitting(client, table, rows[middle:])
+        left = self._insert_splitting(client, table, rows[:middle], named)
+        right = self._insert_splitting(client, table, rows[middle:], named)
         return StoreResult(left.stored + right.stored, left.rejected + right.rejected)
 
     def close(self) -> None:

@@ -4,11 +4,15 @@ The rating worker writes them; pricing, reconciliation and dashboards read them.
 in infra because both a component (streams) and the domain (pricing) use them.
 
 Idempotency by event_id is layered:
-1. ``event_ids`` (EmbeddedRocksDB, a key-value table keyed by event_id) remembers the billing
-   fields of the first stored copy of every id. The sink looks a batch's ids up there by key:
-   the cost is one point lookup per id, whatever the month-to-date row count, and it finds
-   the id in any tenant and any month. Same fields: a duplicate, skipped; other fields: a
-   ``duplicate_conflict`` dead letter (contract 1: the first stored copy wins).
+1. ``event_ids`` remembers the billing fields of the stored copy of every id, ordered by a
+   64-bit hash of the id in small granules (256 rows). The sink looks a batch's ids up there:
+   one granule of 8-byte hashes per id and part, whatever the month-to-date row count, and
+   it finds the id in any tenant and any month. Same fields: a duplicate, skipped; other
+   fields: a ``duplicate_conflict`` dead letter (contract 1: the first stored copy wins).
+   Measured for a 5,000-id batch against 30 million ids (benchmarks/month_end.py and the
+   notes there): this layout 66 ms; EmbeddedRocksDB keyed by event_id (pipeline migration
+   4's first layout) 530-670 ms; a bloom_filter skip index on rated_usage reads every
+   granule (5,000 ids make every granule's filter say "maybe"): 9 s.
 2. rated_usage is ordered by (tenant, window_start, event_id): time-local, so the sink's
    retry check (rows of this batch already inserted before an ambiguous failure, whose ids
    had not reached event_ids yet) touches only the granules of the batch's own windows.
@@ -20,6 +24,9 @@ Idempotency by event_id is layered:
 from __future__ import annotations
 
 from gpumeter.infra.tables import Column, Migration, SchemaOwner, Table
+
+INSERT_DEDUP_WINDOW = 10_000
+_DEDUP_WINDOW = f"non_replicated_deduplication_window = {INSERT_DEDUP_WINDOW}"
 
 RATED_USAGE = Table(
     name="rated_usage",
@@ -57,13 +64,20 @@ RATED_USAGE = Table(
     engine="ReplacingMergeTree",
     partition_by="period",
     order_by="(tenant, window_start, event_id)",
+    # Migration 5 sets non_replicated_deduplication_window: the sink names each insert
+    # (insert_deduplication_token) and the engine drops a repeated insert of the same rows
+    # among the last INSERT_DEDUP_WINDOW inserts; a non-replicated table keeps no such log
+    # otherwise. Not set here, so that the copy in migration 4, if re-run after a failure
+    # part-way, is never taken for a repeat of its first attempt.
 )
 
 # The fields two copies of one event_id must agree on (the rating stage's fingerprint).
 FINGERPRINT_COLUMNS = ("tenant", "kind", "window_start", "window_end", "quantity", "unit_seconds",
                        "gpu_model", "mig_profile", "capacity_type")
 
-EVENT_IDS = Table(
+# As pipeline migration 4 created it (frozen: that migration has shipped). Its point lookups
+# cost ~120 us per id at 30 million ids here; migration 5 replaces it with EVENT_IDS.
+_EVENT_IDS_BY_KEY = Table(
     name="event_ids",
     columns=(
         Column("event_id", "String"),
@@ -73,6 +87,22 @@ EVENT_IDS = Table(
     engine="EmbeddedRocksDB",
     order_by=None,
     primary_key="event_id",
+)
+
+EVENT_IDS = Table(
+    name="event_ids",
+    columns=(
+        *_EVENT_IDS_BY_KEY.columns,
+        # The sort key, filled by the server: 8 bytes to read per candidate row, not a 36-byte id.
+        Column("id_hash", "UInt64", default="sipHash64(event_id)"),
+        # Several copies of one id can be recorded (two sinks racing): the earliest is the first.
+        Column("recorded_at", "DateTime64(3, 'UTC')", default="now64(3)"),
+    ),
+    engine="MergeTree",
+    order_by="id_hash",
+    # Small granules and compressed blocks: a lookup reads one granule per id and part, so
+    # its cost follows the batch's ids, not the rows stored.
+    settings="index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384",
 )
 
 DEAD_LETTERS = Table(
@@ -111,6 +141,8 @@ USAGE_HOURLY = Table(
     engine="SummingMergeTree",
     partition_by="period",
     order_by="(tenant, hour, rate_card, kind, gpu_model, mig_profile, capacity_type)",
+    # Migration 5 gives it a deduplication window too: a view's target drops the block of a
+    # deduplicated insert only with a window of its own (else a dropped repeat still counts).
 )
 
 USAGE_HOURLY_MV = """
@@ -165,6 +197,8 @@ PREEMPTIONS = Table(
     order_by="(tenant, record_id)",
 )
 
+_EVENT_ID_COLUMNS = ", ".join(EVENT_IDS.insert_columns)
+
 PIPELINE = SchemaOwner(
     owner="pipeline",
     migrations=(
@@ -191,9 +225,21 @@ PIPELINE = SchemaOwner(
             "EXCHANGE TABLES rated_usage AND rated_usage_rekeyed",
             "DROP TABLE IF EXISTS rated_usage_rekeyed",
             USAGE_HOURLY_MV,
-            EVENT_IDS.create_sql(),
+            _EVENT_IDS_BY_KEY.create_sql(),
             f"INSERT INTO event_ids SELECT event_id, {', '.join(FINGERPRINT_COLUMNS)}, period "
             "FROM rated_usage FINAL",
+        )),
+        # Copy-and-exchange again (workers stopped), re-runnable: event_ids from key-value to a
+        # MergeTree ordered by a hash of the id; the tables a sink insert reaches keep a log of
+        # recent insert tokens.
+        Migration(5, "event_ids ordered by sipHash64(event_id); insert deduplication windows", (
+            "DROP TABLE IF EXISTS event_ids_rebuilt",
+            EVENT_IDS.create_sql("event_ids_rebuilt"),
+            f"INSERT INTO event_ids_rebuilt ({_EVENT_ID_COLUMNS}) SELECT {_EVENT_ID_COLUMNS} FROM event_ids",
+            "EXCHANGE TABLES event_ids AND event_ids_rebuilt",
+            "DROP TABLE IF EXISTS event_ids_rebuilt",
+            f"ALTER TABLE rated_usage MODIFY SETTING {_DEDUP_WINDOW}",
+            f"ALTER TABLE usage_hourly MODIFY SETTING {_DEDUP_WINDOW}",
         )),
     ),
 )

@@ -40,6 +40,8 @@ class Table:
     partition_by: str | None = None
     # Key-value engines (EmbeddedRocksDB) take a PRIMARY KEY and no ORDER BY.
     primary_key: str | None = None
+    # Engine settings fixed at creation, e.g. "index_granularity = 256".
+    settings: str | None = None
     _getter: Callable[[Any], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -69,6 +71,8 @@ class Table:
             sql += f"\nPARTITION BY {self.partition_by}"
         if self.order_by is not None:
             sql += f"\nORDER BY {self.order_by}"
+        if self.settings is not None:
+            sql += f"\nSETTINGS {self.settings}"
         return sql
 
     def row_of(self, record: Any) -> tuple[Any, ...]:

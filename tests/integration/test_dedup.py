@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -150,7 +151,7 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         rollup_before = client.query(ROLLUP_TOTALS).result_rows
 
         applied = clickhouse.migrate(client, [PIPELINE])
-        assert applied == ["pipeline/4"]
+        assert applied == ["pipeline/4", "pipeline/5"]
 
         after = client.query(TOTALS).result_rows
         rollup_after = client.query(ROLLUP_TOTALS).result_rows
@@ -158,10 +159,103 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         assert after == before
         assert rollup_after == rollup_before  # the copy did not pass through the rollup's view
         assert clickhouse.scalar(client, "SELECT count() FROM event_ids") == 3000
+        assert clickhouse.scalar(client, "SELECT uniqExact(event_id) FROM event_ids") == 3000
         assert "ORDER BY (tenant, window_start, event_id)" in clickhouse.scalar(client, CREATE_QUERY)
         # The view is attached again: a new row reaches the rollup once.
         client.command("INSERT INTO rated_usage SELECT * REPLACE ('new' AS event_id) "
                        "FROM (SELECT * FROM rated_usage WHERE event_id = 'e0')")
         assert clickhouse.scalar(client, "SELECT sum(samples) FROM usage_hourly") == 3001
+    finally:
+        client.close()
+
+
+EVENT_IDS_QUERY = ("SELECT engine, create_table_query FROM system.tables WHERE database = currentDatabase() "
+                   "AND name = %(name)s")
+EVENT_ID_ROWS = ("SELECT event_id, tenant, kind, window_start, window_end, quantity, unit_seconds, "
+                 "gpu_model, mig_profile, capacity_type, period FROM event_ids ORDER BY event_id")
+
+
+def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_once(settings: Settings) -> None:
+    """A database at pipeline migration 4 (event_ids in EmbeddedRocksDB) with ids: migration 5."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    migration_4 = next(m for m in PIPELINE.migrations if m.version == 4)
+    key_value = next(s for s in migration_4.statements if "EmbeddedRocksDB" in s)
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.command("DROP TABLE event_ids")
+        client.command(key_value)
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 5")
+        client.command(
+            "INSERT INTO event_ids SELECT concat('id-', toString(number)), "
+            "concat('t', toString(number % 3)), 'gpu', "
+            "toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
+            "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1 + number % 4, "
+            "60 * (1 + number % 4), 'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers(2000)")
+        before = client.query(EVENT_ID_ROWS).result_rows
+
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/5"]
+        for statement in next(m for m in PIPELINE.migrations if m.version == 5).statements:
+            client.command(statement)  # run again, as after a failure part-way: still each id once
+
+        engine, ddl = client.query(EVENT_IDS_QUERY, parameters={"name": "event_ids"}).result_rows[0]
+        assert engine == "MergeTree" and "ORDER BY id_hash" in ddl and "index_granularity = 256" in ddl
+        assert client.query(EVENT_ID_ROWS).result_rows == before
+        assert len(before) == 2000
+        for table in ("rated_usage", "usage_hourly"):
+            ddl = client.query(EVENT_IDS_QUERY, parameters={"name": table}).result_rows[0][1]
+            assert "non_replicated_deduplication_window = 10000" in ddl, table
+    finally:
+        client.close()
+    # The converted ids are found again: id-7 was billed to t1 at 00:07 for 4 GPU-minutes.
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    start = datetime(2026, 11, 5, 0, 7, tzinfo=UTC)
+    copy = {"tenant": "t1", "window_start": start, "window_end": start + timedelta(minutes=1),
+            "quantity": Decimal(4), "unit_seconds": Decimal(240)}
+    try:
+        same = sink.store_rated([tuple(rated_row_values("id-7", **copy))])
+        other = sink.store_rated([tuple(rated_row_values("id-7", **{**copy, "tenant": "t2"}))])
+    finally:
+        sink.close()
+    assert (same.stored, same.conflicts) == (0, [])
+    assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
+
+
+def test_a_repeated_insert_of_the_same_rows_is_dropped_by_the_engine(settings: Settings) -> None:
+    """What the sink's insert tokens rely on, on the real engine and the migrated tables.
+
+    The sink's lookups catch a repeat they can see. The engine catches one they cannot: the
+    same rows sent again before they are visible (a second sink racing after a rebalance, an
+    ambiguous failure on a cluster). A non-replicated table honours insert_deduplication_token
+    only with non_replicated_deduplication_window set, and a view's target only with its own.
+    """
+    from streams.sink import ClickHouseSink, connector, insert_token
+    from tests.integration.test_poison import rated_row_values
+
+    rows = [tuple(rated_row_values(f"named-{i}", source_offset=100 + i)) for i in range(20)]
+    columns = list(RATED_USAGE.insert_columns)
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    try:
+        assert sink.store_rated(rows).stored == 20
+    finally:
+        sink.close()
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        # The same rows again under the name the sink gave them, past its lookups: dropped.
+        client.insert("rated_usage", rows, column_names=columns,
+                      settings={"insert_deduplication_token": insert_token(rows)})
+        assert clickhouse.scalar(client, "SELECT count() FROM rated_usage") == 20
+        assert clickhouse.scalar(client, "SELECT sum(samples) FROM usage_hourly") == 20
+        # Other rows (a part of the same range) under their own name: stored.
+        client.insert("rated_usage", rows[:5], column_names=columns,
+                      settings={"insert_deduplication_token": insert_token(rows[:5])})
+        assert clickhouse.scalar(client, "SELECT count() FROM rated_usage") == 25
+        # Without the window (as rated_usage was before pipeline migration 5) both inserts land.
+        client.command(RATED_USAGE.create_sql("rated_usage_without_window"))
+        for _ in range(2):
+            client.insert("rated_usage_without_window", rows, column_names=columns,
+                          settings={"insert_deduplication_token": insert_token(rows)})
+        assert clickhouse.scalar(client, "SELECT count() FROM rated_usage_without_window") == 40
     finally:
         client.close()

@@ -23,7 +23,7 @@ from clickhouse_connect.driver.external import ExternalData
 
 from gpumeter.infra.schema import EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from streams.app import BatchWriter
-from streams.sink import IDS_TABLE, ClickHouseSink, Row, StoreResult, is_permanent
+from streams.sink import IDS_TABLE, ClickHouseSink, Row, StoreResult, insert_token, is_permanent
 
 PRIORITY = RATED_USAGE.insert_columns.index("priority")
 
@@ -214,18 +214,57 @@ def test_rows_stored_before_their_ids_were_recorded_are_not_stored_again() -> No
     rows = [row(f"e{i}") for i in range(3)]
     with pytest.raises(OperationalError):
         sink.store_rated(rows)
-    assert len(client.tables["rated_usage"]) == 3 and client.event_ids == {}
+    assert len(client.tables["rated_usage"]) == 3 and client.event_ids == []
     retried = sink.store_rated(rows)
     assert retried.stored == 0
     assert len(client.tables["rated_usage"]) == 3
-    assert sorted(client.event_ids) == ["e0", "e1", "e2"]
+    assert sorted(r[0] for r in client.event_ids) == ["e0", "e1", "e2"]
 
 
 def test_refused_rows_are_not_recorded_as_billed() -> None:
     client = FakeClickHouseClient()
     sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
     sink.store_rated([row("e1", priority=3_000_000_000), row("e2")])
-    assert sorted(client.event_ids) == ["e2"]
+    assert [r[0] for r in client.event_ids] == ["e2"]
+
+
+def test_a_copy_of_either_of_two_raced_copies_is_a_duplicate_and_others_conflict_with_the_first() -> None:
+    """Two sinks that raced both recorded their copy: neither is billed again, nothing else is."""
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    first, raced = row("e1"), row("e1", tenant="team-b")
+    client.event_ids.extend(tuple(r[RATED_USAGE.insert_columns.index(c)] for c in EVENT_IDS.insert_columns)
+                            for r in (first, raced))
+    result = sink.store_rated([row("e1", tenant="team-b")])
+    assert (result.stored, result.conflicts) == (0, [])
+    other = sink.store_rated([row("e1", quantity=Decimal(2), unit_seconds=Decimal(7200))])
+    assert other.stored == 0
+    # Reported against the first recorded copy: quantity differs from it, tenant does not.
+    assert [reason for _, reason in other.conflicts] == [
+        "event_id e1 was already billed with different quantity, unit_seconds"]
+
+
+def test_each_insert_is_named_by_exactly_its_rows() -> None:
+    rows = [row(f"e{i}", source_partition=i % 2, source_offset=100 + i) for i in range(6)]
+    assert insert_token(rows) == insert_token([tuple(r) for r in rows])  # the same rows again: a repeat
+    assert insert_token(rows[:3]) != insert_token(rows)  # a split half is other rows
+    moved = [row(f"e{i}", source_partition=i % 2, source_offset=200 + i) for i in range(6)]
+    assert insert_token(moved) != insert_token(rows)  # the same ids read again at other offsets
+    assert len({insert_token(rows[:n]) for n in range(1, 7)}) == 6
+
+
+def test_a_retry_with_other_rows_of_the_same_offsets_is_not_taken_for_a_repeat() -> None:
+    """A token naming only the batch's offset range would make the engine drop this retry."""
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    rows = [row(f"e{i}", source_offset=i) for i in range(8)]
+    assert sink.store_rated(rows).stored == 8
+    # The first and last rows and every recorded id gone, as if those had never landed.
+    client.tables["rated_usage"] = [r for r in client.tables["rated_usage"] if r[0] not in ("e0", "e7")]
+    client.event_ids.clear()
+    again = sink.store_rated(rows)
+    assert again.stored == 2
+    assert sorted(r[0] for r in client.tables["rated_usage"]) == [f"e{i}" for i in range(8)]
 
 
 class FakeStream:
