@@ -67,7 +67,8 @@ def test_the_report_renders_in_chromium_with_every_chart_drawn(
     assert console == [], console
 
     image = Image.open(shot).convert("L")
-    low, high = image.getextrema()
+    low, high = image.getextrema()  # one band ("L"): two ints
+    assert isinstance(low, int) and isinstance(high, int)
     assert high - low > 100, "the screenshot is blank"
     assert len(set(image.resize((64, 80)).getdata())) > 8, "the screenshot has almost no content"
 
