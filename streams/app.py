@@ -83,7 +83,6 @@ class PendingBatch:
 
     events: list[EventT] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)  # rows each event added, in order
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -138,7 +137,6 @@ class BatchWriter:
         self.on_rejected = on_rejected
         self.on_conflicts = on_conflicts
         self.pending = PendingBatch()
-        self._in_flight: asyncio.Future[None] | None = None
         self.stream: StreamT | None = None
         self._stopping = asyncio.Event()
 
@@ -150,7 +148,6 @@ class BatchWriter:
         async with self.pending.lock:
             self.pending.events.append(event)
             self.pending.rows.extend(rows)
-            self.pending.sizes.append(len(rows))
             full = len(self.pending.rows) >= self.batch_size or len(self.pending.events) >= self.batch_size
         if full:
             await self.flush()
@@ -158,54 +155,15 @@ class BatchWriter:
     async def flush(self) -> None:
         """Store what is pending and acknowledge its events, in order.
 
-        Storing one batch while the agent rates the next (not waiting here) was tried: in the
-        chaos test (worker killed, another started) a partition's commit then stayed behind
-        after the rebalance, so the agent waits for its batch.
+        The agent waits for its batch. Storing one batch while rating the next was tried: in
+        the worker-kill chaos test a partition's commit then stayed behind, so it was reverted.
         """
         async with self.pending.lock:
-            await self._settle()
             if not self.pending.events or self.stream is None or self._stopping.is_set():
                 return
             rows, events = self.pending.rows, self.pending.events
-            self.pending.rows, self.pending.events, self.pending.sizes = [], [], []
-            # A future of its own, so a rebalance can wait for a store under way (revoke()).
-            self._in_flight = asyncio.ensure_future(self._store_and_ack(rows, events))
-            await self._settle()
-
-    async def revoke(self, revoked: set[TP], wait_seconds: float = 10.0) -> None:
-        """Partitions taken away in a rebalance: drop their pending events and rows (faust seeks
-        back to the committed offsets, so they are read again, here or by the new owner), and
-        give a store already under way a bounded time to finish before the partitions move."""
-        # No await until the pending lists are rebuilt: add() cannot interleave.
-        kept_events: list[EventT] = []
-        kept_rows: list[Row] = []
-        kept_sizes: list[int] = []
-        position = 0
-        dropped = 0
-        for event, size in zip(self.pending.events, self.pending.sizes, strict=True):
-            if event.message.tp in revoked:
-                dropped += size
-            else:
-                kept_events.append(event)
-                kept_rows.extend(self.pending.rows[position:position + size])
-                kept_sizes.append(size)
-            position += size
-        self.pending.events, self.pending.rows, self.pending.sizes = kept_events, kept_rows, kept_sizes
-        if dropped:
-            log.info("%s: %d pending rows of revoked partitions dropped", self.name, dropped)
-        in_flight = self._in_flight
-        if in_flight is not None and not in_flight.done():
-            try:
-                await asyncio.wait_for(asyncio.shield(in_flight), wait_seconds)
-            except TimeoutError:
-                log.warning("%s: a store still under way after %.0f s of a rebalance; its rows may "
-                            "land after the new owner's (rated_usage folds them under FINAL)",
-                            self.name, wait_seconds)
-
-    async def _settle(self) -> None:
-        in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
-            await in_flight
+            self.pending.rows, self.pending.events = [], []
+            await self._store_and_ack(rows, events)
 
     async def _store_and_ack(self, rows: list[Row], events: list[EventT]) -> None:
         if rows:
@@ -556,13 +514,6 @@ def create_app(settings: Settings) -> WorkerApp:
         pending["rated"] = len(rated_writer.pending.rows)
         pending["dead letters"] = len(dead_writer.pending.rows)
         pending["quota events"] = len(quota.writer.pending.rows)
-
-    @app.on_partitions_revoked.connect
-    async def drop_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        revoked: set[TP] = set(args[0])  # mode's Signal calls receiver(sender, revoked, signal=...)
-        stage.forget()  # before anything is read again: dropped samples are not duplicates
-        for writer in (rated_writer, dead_writer, quota.writer):
-            await writer.revoke(revoked)
 
     @app.timer(worker.rate_card_reload_seconds)
     async def reload_rate_cards() -> None:

@@ -62,12 +62,6 @@ class RatingStage:
         self._seen: OrderedDict[str, tuple[object, ...]] = OrderedDict()
         self.counters = StageCounters()
 
-    def forget(self) -> None:
-        """Drop the recent-ids window: after a rebalance, samples seen here may be read again
-        because their batch was dropped unstored; the window must not call them duplicates
-        (the store, which knows what was stored, decides)."""
-        self._seen.clear()
-
     def use_cards(self, cards: RateCardSet) -> None:
         """Price from now on with ``cards`` (a fresh rater: its rate cache belonged to the old set)."""
         self.rater = Rater(cards)
