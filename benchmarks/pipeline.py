@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -110,6 +111,12 @@ def raw_insert(settings: Settings, samples: list[dict[str, Any]], batch: int) ->
     return len(rows) / elapsed
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stored(client: Any) -> int:
     return int(clickhouse.scalar(client, "SELECT count() FROM rated_usage"))
 
@@ -194,10 +201,18 @@ def main(argv: list[str] | None = None) -> int:
             publish(settings, [warmup], None)
             wait_stored(client, 1, 120)
         with console.status(f"pipeline, saturated: {args.samples:,} samples..."):
+            assert worker.process is not None
+            cpu_before = cpu_seconds(worker.process.pid)
             first = time.time()
             publish(settings, saturated, None)
             last = wait_stored(client, 1 + len(saturated), 900)
             results["pipeline_per_s"] = len(saturated) / (last - first)
+            # CPU time is what a loaded, shared machine distorts least: the worker's own cost
+            # per sample, and the samples/s that cost allows one fully available core.
+            worker_cpu = cpu_seconds(worker.process.pid) - cpu_before
+            results["worker_cpu_us_per_sample"] = worker_cpu / len(saturated) * 1e6
+            results["worker_per_cpu_s"] = len(saturated) / worker_cpu
+            results["load_average"] = os.getloadavg()[0]
         with console.status(f"pipeline, paced at {args.paced_rate:,.0f}/s for {args.paced_seconds:.0f} s..."):
             sent = publish(settings, paced, args.paced_rate)
             wait_stored(client, 1 + len(saturated) + len(paced), 600)
@@ -221,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("pipeline ingest -> visible", f"{results['pipeline_per_s']:,.0f} samples/s")
     table.add_row("  ratio vs raw Kafka", f"{results['ratio_vs_raw_kafka']:.3f}")
     table.add_row("  ratio vs raw insert", f"{results['ratio_vs_raw_insert']:.3f}")
+    table.add_row("worker CPU per sample", f"{results['worker_cpu_us_per_sample']:,.1f} µs "
+                  f"= {results['worker_per_cpu_s']:,.0f}/CPU-s")
+    table.add_row("load average, saturated run", f"{results['load_average']:.2f}")
     table.add_row(f"latency at {args.paced_rate:,.0f}/s p50", f"{results['latency_p50_s'] * 1000:,.0f} ms")
     table.add_row(f"latency at {args.paced_rate:,.0f}/s p99", f"{results['latency_p99_s'] * 1000:,.0f} ms")
     console.print(table)

@@ -62,7 +62,10 @@ _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r
 
 def ids_table(ids: Sequence[str]) -> ExternalData:
     """The ids as a one-column TabSeparated external table named IDS_TABLE."""
-    text = "".join(event_id.translate(_TSV_ESCAPES) + "\n" for event_id in ids)
+    text = "\n".join(ids) + "\n"
+    # Escaping id by id costs ~1 µs a row; ids almost never hold a character to escape.
+    if text.count("\n") != len(ids) or "\t" in text or "\\" in text or "\r" in text:
+        text = "".join(event_id.translate(_TSV_ESCAPES) + "\n" for event_id in ids)
     return ExternalData(file_name=IDS_TABLE, data=text.encode(), fmt="TabSeparated",
                         structure=["event_id String"])
 
@@ -272,7 +275,11 @@ class ClickHouseSink:
         empty; the (tenant, window_start) key prefix keeps it inside the batch's own windows."""
         if not rows:
             return set()
-        starts = [_utc_naive(row[_WINDOW_START]) for row in rows]
+        starts = [row[_WINDOW_START] for row in rows]
+        try:  # aware datetimes order by instant: convert only the two ends, not every row
+            starts = [_utc_naive(min(starts)), _utc_naive(max(starts))]
+        except TypeError:  # aware and naive mixed
+            starts = [_utc_naive(start) for start in starts]
         found = client.query(
             "SELECT event_id FROM rated_usage WHERE period IN %(periods)s AND tenant IN %(tenants)s "
             "AND window_start BETWEEN toDateTime64(%(first)s, 6, 'UTC') AND toDateTime64(%(last)s, 6, 'UTC') "

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import NamedTuple
+
+import orjson
 
 from gpumeter.core import jsonio
 from gpumeter.core.models import (
@@ -32,15 +36,24 @@ class StageCounters:
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
+    """One sample's fate. A NamedTuple: a frozen dataclass's __init__ cost ~1 µs a sample."""
+
     rated: RatedUsage | None = None
     dead: DeadLetter | None = None
     duplicate: bool = False
 
 
-def _fingerprint(sample: UsageSample) -> tuple[object, ...]:
-    """What billing depends on: two samples with one event_id must agree on these."""
+_DUPLICATE = Outcome(duplicate=True)
+
+
+def _fingerprint(sample: UsageSample | RatedUsage) -> tuple[object, ...]:
+    """What billing depends on: two samples with one event_id must agree on these.
+
+    A rated sample gives the same fingerprint as its sample (its windows are the same
+    instants in UTC, and aware datetimes compare by instant) without working out
+    unit_seconds a second time.
+    """
     return (
         sample.tenant, sample.kind, sample.window_start, sample.window_end, sample.unit_seconds,
         sample.quantity,
@@ -62,6 +75,12 @@ class RatingStage:
         self._seen: OrderedDict[str, tuple[object, ...]] = OrderedDict()
         self.counters = StageCounters()
 
+    def forget(self) -> None:
+        """Drop the recent-ids window: after a rebalance, samples seen here may be read again
+        because their batch was dropped unstored; the window must not call them duplicates
+        (the store, which knows what was stored, decides)."""
+        self._seen.clear()
+
     def use_cards(self, cards: RateCardSet) -> None:
         """Price from now on with ``cards`` (a fresh rater: its rate cache belonged to the old set)."""
         self.rater = Rater(cards)
@@ -76,23 +95,22 @@ class RatingStage:
             sample = parse_sample(raw)
         except SampleRejected as exc:
             return self._dead(raw, partition, offset, index, exc.code, exc.reason)
-        fingerprint = _fingerprint(sample)
         previous = self._seen.get(sample.event_id)
         if previous is not None:
             self._seen.move_to_end(sample.event_id)
-            if previous != fingerprint:
+            if previous != _fingerprint(sample):
                 return self._dead(
                     raw, partition, offset, index, "duplicate_conflict",
                     f"event_id {sample.event_id} was already seen with different billing fields",
                     sample,
                 )
             self.counters.duplicates += 1
-            return Outcome(duplicate=True)
+            return _DUPLICATE
         try:
             rated = self.rater.rate(sample, partition, offset)
         except SampleRejected as exc:
             return self._dead(raw, partition, offset, index, exc.code, exc.reason, sample)
-        self._remember(sample.event_id, fingerprint)
+        self._remember(sample.event_id, _fingerprint(rated))
         self.counters.rated += 1
         return Outcome(rated=rated)
 
@@ -110,9 +128,20 @@ class RatingStage:
         )
 
 
+def _decimal_text(value: object) -> str:
+    if isinstance(value, Decimal):
+        return str(value)  # as pydantic writes a Decimal: never a JSON number a float parser reads
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
 def encode_rated(rated: RatedUsage) -> bytes:
-    """JSON with Decimals as strings (pydantic's serializer; much faster than json + callbacks)."""
-    return rated.model_dump_json().encode()
+    """The same bytes as ``rated.model_dump_json()`` (Decimals as strings, UTC as "Z"), by
+    orjson over the model's field values: a third of the time (tests/unit/streams/test_stage.py
+    compares both)."""
+    try:
+        return orjson.dumps(rated.__dict__, default=_decimal_text, option=orjson.OPT_UTC_Z)
+    except TypeError:  # a value orjson does not take as pydantic would: let pydantic write it
+        return rated.model_dump_json().encode()
 
 
 def encode_dead(dead: DeadLetter) -> bytes:

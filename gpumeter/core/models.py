@@ -4,28 +4,37 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired, TypeVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     StrictInt,
+    StrictStr,
+    TypeAdapter,
     ValidationError,
     ValidatorFunctionWrapHandler,
     model_validator,
+    with_config,
 )
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from gpumeter.core import jsonio
 from gpumeter.core.money import exact, product
 from gpumeter.core.validation import (
+    EARLIEST,
+    END_OF_RANGE,
     TENANT_PATTERN,
     AwareTimestamp,
     DecimalValue,
     NonNegativeDecimal,
     UtcTimestamp,
+    checked_timestamp,
+    json_decimal,
     non_negative_decimal,
     sub_microsecond_ns,
+    within_places,
 )
 
 Kind = Literal["gpu", "cpu", "memory", "storage"]
@@ -47,8 +56,6 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 Int32 = Annotated[StrictInt, Field(ge=INT32_MIN, le=INT32_MAX)]
 UTILIZATION_LIMIT = Decimal(10) ** 12
 TELEMETRY_LIMIT = Decimal(10) ** 32
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-END_OF_RANGE = datetime(2300, 1, 1, tzinfo=UTC)
 
 NonEmpty = Annotated[str, Field(min_length=1, max_length=253, pattern=r"\S")]
 _MAX_WINDOW = timedelta(seconds=MAX_WINDOW_SECONDS)
@@ -183,6 +190,107 @@ def describe_validation_error(exc: ValidationError) -> str:
 MAX_SAMPLE_BYTES = 64 * 1024
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def trusted(model: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
+    """An instance of ``model`` holding ``values`` as they are: every field, in declaration
+    order, already validated (or derived by exact arithmetic from validated values).
+
+    What ``model_construct`` does for a model without aliases, extras, private attributes or
+    a __new__ of its own, minus its per-field Python loop (~25 µs per rated sample).
+    """
+    instance: M = _new(model)
+    _set(instance, "__dict__", values)
+    _set(instance, "__pydantic_fields_set__", fields_set)
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+JsonQuantity = Annotated[Decimal, json_decimal(MAX_QUANTITY)]
+JsonUtilization = Annotated[Decimal, json_decimal(UTILIZATION_LIMIT)]
+JsonTelemetry = Annotated[Decimal, json_decimal(TELEMETRY_LIMIT)]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class _SampleJson(TypedDict):
+    """UsageSample's fields as pydantic-core alone validates them from JSON: the model's own
+    annotations for strings and integers, json_decimal for decimals (quantity's places are
+    checked after), timestamps kept as text for checked_timestamp."""
+
+    event_id: Annotated[str, Field(min_length=1, max_length=128)]
+    kind: Kind
+    cluster: NonEmpty
+    node: NonEmpty
+    tenant: Annotated[str, Field(pattern=TENANT_PATTERN)]
+    namespace: NonEmpty
+    pod: NonEmpty
+    pod_uid: NonEmpty
+    window_start: StrictStr
+    window_end: StrictStr
+    quantity: JsonQuantity
+    gpu_model: NotRequired[Annotated[str, Field(min_length=1, max_length=128)] | None]
+    mig_profile: NotRequired[Annotated[str, Field(min_length=1, max_length=64)] | None]
+    capacity_type: NotRequired[CapacityType]
+    priority: NotRequired[Int32]
+    utilization: NotRequired[JsonUtilization | None]
+    memory_used_bytes: NotRequired[JsonTelemetry | None]
+    power_watts: NotRequired[JsonTelemetry | None]
+    energy_joules: NotRequired[JsonTelemetry | None]
+    labels: NotRequired[dict[str, str]]
+
+
+_SAMPLE_JSON: TypeAdapter[_SampleJson] = TypeAdapter(_SampleJson)
+
+
+def read_sample_json(raw: bytes | str) -> UsageSample | None:
+    """The UsageSample of one JSON line through pydantic-core's JSON parser, or None.
+
+    None means "not decided here": anything unusual (a JSON float, a field that breaks a rule,
+    not JSON at all) goes to UsageSample.model_validate, which rejects with the contract's
+    reason or accepts. What this accepts, the model accepts with the same values
+    (tests/unit/core/test_sample_json.py checks both paths agree), so every sample gets one
+    verdict whichever path decided it; this one skips a Python JSON parse and the model's
+    Python-level validators, ~4x faster for a typical sample.
+    """
+    try:
+        document = _SAMPLE_JSON.validate_json(raw)
+    except ValidationError:
+        return None
+    start = checked_timestamp(document["window_start"])
+    end = checked_timestamp(document["window_end"])
+    quantity = document["quantity"]
+    if start is None or end is None or not (start[2] and end[2] and within_places(quantity, QUANTITY_PLACES)):
+        return None
+    kind = document["kind"]
+    gpu_model = document.get("gpu_model")
+    mig_profile = document.get("mig_profile")
+    if (gpu_model is None) if kind == "gpu" else (gpu_model is not None or mig_profile is not None):
+        return None
+    length = end[0] - start[0]
+    seconds = _exact_window(start[0], end[0], start[1], end[1])
+    if not (_ZERO <= length <= _MAX_WINDOW and 0 < seconds <= MAX_WINDOW_SECONDS):
+        return None
+    values = {
+        "event_id": document["event_id"], "kind": kind, "cluster": document["cluster"],
+        "node": document["node"], "tenant": document["tenant"], "namespace": document["namespace"],
+        "pod": document["pod"], "pod_uid": document["pod_uid"],
+        "window_start": start[0], "window_end": end[0], "quantity": quantity,
+        "gpu_model": gpu_model, "mig_profile": mig_profile,
+        "capacity_type": document.get("capacity_type", "on-demand"), "priority": document.get("priority", 0),
+        "utilization": document.get("utilization"), "memory_used_bytes": document.get("memory_used_bytes"),
+        "power_watts": document.get("power_watts"), "energy_joules": document.get("energy_joules"),
+        "labels": document.get("labels", {}),
+        _WINDOW_CACHE: (start[0], end[0], seconds),
+    }
+    return trusted(UsageSample, values, set(document))
+
+
 def parse_sample(raw: bytes | str | dict[str, Any]) -> UsageSample:
     """Bytes, text or a parsed object to a UsageSample, or SampleRejected with the reason."""
     if isinstance(raw, dict):
@@ -190,6 +298,9 @@ def parse_sample(raw: bytes | str | dict[str, Any]) -> UsageSample:
     elif len(raw) > MAX_SAMPLE_BYTES:
         raise SampleRejected(f"sample is {len(raw)} bytes; the limit is {MAX_SAMPLE_BYTES}", code="too_large")
     else:
+        sample = read_sample_json(raw)
+        if sample is not None:
+            return sample
         try:
             document = jsonio.loads(raw)
         except jsonio.JSONInputError as exc:

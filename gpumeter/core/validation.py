@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator
+from pydantic import AfterValidator, BeforeValidator, GetPydanticSchema
+from pydantic_core import core_schema
 
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
 
@@ -129,3 +130,68 @@ def non_negative_decimal(places: int) -> Any:
 # Kept in the offset it was sent with: month attribution converts to UTC explicitly.
 AwareTimestamp = Annotated[datetime, BeforeValidator(_rfc3339)]
 UtcTimestamp = Annotated[datetime, BeforeValidator(_rfc3339), AfterValidator(_utc)]
+
+
+# The JSON fast path (models.read_sample_json) applies the same rules inside pydantic-core.
+# What it cannot decide goes to the full model, which decides and words the rejection, so
+# the fast path may accept less than the model, never more, and never other values.
+
+# _DECIMAL_TEXT for the Rust regex engine, whose \d would also match non-ASCII digits.
+_ASCII_DECIMAL_TEXT = r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
+
+
+def json_decimal(below: Decimal) -> GetPydanticSchema:
+    """``Annotated[Decimal, json_decimal(below)]``: a NonNegativeDecimal field below ``below``
+    as pydantic-core alone validates it from JSON: a decimal string (stripped, ASCII
+    notation) or an integer, to ``Decimal(text)``.
+
+    The strip removes Unicode whitespace, a subset of what str.strip removes; a string that
+    then matches the pattern has no whitespace left at either end, so _to_decimal reads the
+    same text. JSON floats are refused here (the full model parses them exactly).
+    """
+    schema = core_schema.union_schema([
+        core_schema.chain_schema([
+            core_schema.str_schema(strict=True, strip_whitespace=True, pattern=_ASCII_DECIMAL_TEXT),
+            core_schema.decimal_schema(ge=Decimal(0), lt=below),
+        ]),
+        core_schema.chain_schema([
+            core_schema.int_schema(strict=True), core_schema.decimal_schema(ge=Decimal(0), lt=below),
+        ]),
+    ], mode="left_to_right")
+    return GetPydanticSchema(lambda _source, _handler: schema)
+
+
+def within_places(value: Decimal, places: int) -> bool:
+    """At most ``places`` fractional digits, as _max_places counts them (trailing zeros too)."""
+    exponent = value.as_tuple().exponent
+    return not isinstance(exponent, int) or exponent >= -places
+
+
+# RFC 3339 text -> (datetime as AwareTimestamp parses it, nanoseconds below its microsecond,
+# within 1970-2299). Samples of one window share their timestamps, so a small cache turns
+# the regex, parse and range check into one dict lookup for nearly every sample.
+_TIMESTAMPS: dict[str, tuple[datetime, int, bool] | None] = {}
+_TIMESTAMP_CACHE_SIZE = 4096
+# Contract 1, amended: timestamps lie in 1970-2299 (DateTime64's range, the Unix epoch as floor).
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+END_OF_RANGE = datetime(2300, 1, 1, tzinfo=UTC)
+
+
+def checked_timestamp(text: str) -> tuple[datetime, int, bool] | None:
+    """(datetime, sub-microsecond ns, between 1970 and 2299) of an RFC 3339 text, or None
+    where AwareTimestamp would refuse it."""
+    try:
+        return _TIMESTAMPS[text]
+    except KeyError:
+        pass
+    entry: tuple[datetime, int, bool] | None
+    try:
+        parsed = _rfc3339(text)
+    except ValueError:
+        entry = None
+    else:
+        entry = (parsed, sub_microsecond_ns(text), EARLIEST <= parsed < END_OF_RANGE)
+    if len(_TIMESTAMPS) >= _TIMESTAMP_CACHE_SIZE:
+        _TIMESTAMPS.clear()
+    _TIMESTAMPS[text] = entry
+    return entry

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
+from gpumeter.core.models import RatedUsage
 from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.core.records import join
 from gpumeter.core.settings import DEFAULTS_DIR
-from streams.stage import RatingStage
+from streams.stage import RatingStage, encode_rated
 from testkit import builders
 
 
-def sample(event_id: str, tenant: str = "team-a", quantity: str = "1") -> bytes:
+def sample(event_id: str, tenant: str = "team-a", quantity: str | float = "1") -> bytes:
     """One minute of cpu as a sample line."""
     document = builders.sample(
         event_id, kind="cpu", tenant=tenant, namespace=tenant, start="2026-11-03T00:00:00Z", seconds=60,
@@ -40,3 +42,20 @@ def test_a_replayed_event_id_with_other_billing_fields_is_a_dead_letter_not_a_si
     assert first.rated is not None and identical.duplicate
     assert conflicting.dead is not None and conflicting.dead.reason_code == "duplicate_conflict"
     assert conflicting.dead.event_id == "same" and conflicting.dead.source_offset == 3
+
+
+def test_rated_json_is_what_pydantic_writes_for_the_model() -> None:
+    """encode_rated writes with orjson; consumers read the rated topic as RatedUsage JSON."""
+    stage = RatingStage(load_rate_cards(DEFAULTS_DIR / "ratecards"), "samples")
+    gpu = builders.sample("g", kind="gpu", start="2026-11-03T05:30:00.123456789+05:30", seconds=60,
+                          quantity="0.142857142857", gpu_model="A100-SXM-40GB", mig_profile="1g.5gb",
+                          capacity_type="spot", utilization="0.5", energy_joules="1e3",
+                          labels={"é": "\u2028"})
+    record = join([sample("a", quantity="2.50"), json.dumps(gpu).encode(), sample("f", quantity=1.5)])
+    rated = [o.rated for o in stage.process_record(record, partition=0, offset=1) if o.rated]
+    assert [r.event_id for r in rated] == ["a", "g", "f"]
+    for usage in rated:
+        assert encode_rated(usage) == usage.model_dump_json().encode()
+        assert RatedUsage.model_validate_json(encode_rated(usage)) == usage
+    # A JSON float quantity is read exactly (the full model's path), never through a binary float.
+    assert rated[2].quantity == Decimal("1.5") and rated[2].unit_seconds == Decimal("90")
