@@ -12,6 +12,7 @@ engine does for a table with non_replicated_deduplication_window.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -318,3 +319,69 @@ def test_a_stopped_writer_acknowledges_nothing_it_has_not_stored() -> None:
 
     stream = asyncio.run(run())
     assert stream.acked == []
+class FakeMessage:
+    def __init__(self, tp: str) -> None:
+        self.tp = tp
+
+
+class FakeEvent:
+    """What BatchWriter reads of a faust event: its message's topic-partition."""
+
+    def __init__(self, name: str, tp: str) -> None:
+        self.name = name
+        self.message = FakeMessage(tp)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def test_a_revoked_partitions_pending_rows_are_dropped_and_the_rest_stored() -> None:
+    stored: list[list[str]] = []
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        stored.append([r[0] for r in rows])
+        return StoreResult(stored=len(rows))
+
+    async def run() -> FakeStream:
+        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=0.1)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        await writer.add(FakeEvent("a1", "p0"), [row("a1"), row("a1b")])  # type: ignore[arg-type]
+        await writer.add(FakeEvent("b1", "p1"), [row("b1")])  # type: ignore[arg-type]
+        await writer.add(FakeEvent("a2", "p0"), [])  # type: ignore[arg-type]
+        await writer.add(FakeEvent("b2", "p1"), [row("b2")])  # type: ignore[arg-type]
+        await writer.revoke({"p0"})  # type: ignore[arg-type]
+        await writer.flush()
+        return stream
+
+    stream = asyncio.run(run())
+    assert [repr(event) for event in stream.acked] == ["b1", "b2"]
+    assert stored == [["b1", "b2"]]
+
+
+def test_a_rebalance_waits_for_the_batch_being_stored_before_the_partitions_move() -> None:
+    order: list[str] = []
+    release = threading.Event()
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        release.wait(5)
+        order.append("stored")
+        return StoreResult(stored=len(rows))
+
+    async def run() -> FakeStream:
+        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=0.1)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        await writer.add(FakeEvent("a1", "p0"), [row("a1")])  # type: ignore[arg-type]
+        flushing = asyncio.ensure_future(writer.flush())
+        await asyncio.sleep(0.05)  # the store is under way in its thread
+        revoking = asyncio.ensure_future(writer.revoke({"p0"}))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        order.append("revoke still waiting" if not revoking.done() else "revoke returned early")
+        release.set()
+        await revoking
+        order.append("revoked")
+        await flushing
+        return stream
+
+    stream = asyncio.run(run())
+    assert order == ["revoke still waiting", "stored", "revoked"]
+    assert [repr(event) for event in stream.acked] == ["a1"]
