@@ -79,15 +79,18 @@ def serve(nodes: int, seed: int, ports: Any) -> None:
     import asyncio
 
     from scheduler_hooks.server import HooksServer, freeze_heap
-    from scheduler_hooks.state import HooksState
+    from scheduler_hooks.state import ALLOCATION, TOPOLOGY, HooksState
 
     async def main() -> None:
         state = HooksState()
+        state.expect(TOPOLOGY, ALLOCATION)  # as the record feeds do: ready once both are read
         rng = random.Random(seed)
         for index in range(nodes):
             topology, allocation = node_records(index, rng)
             state.apply_topology(topology)
             state.apply_allocation(allocation)
+        state.loaded(TOPOLOGY)
+        state.loaded(ALLOCATION)  # ready: builds the fit tables of 1, 2, 4 and 8 GPUs
         freeze_heap()  # as `gpumeter hooks` does once its state is loaded
         server = HooksServer(state, "127.0.0.1:0")
         await server.start()

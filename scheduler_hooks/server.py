@@ -56,11 +56,12 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_BODY_LABEL = "16 MiB"
 
+# A handler answers a JSON value, or bytes it has encoded itself (sent as they are).
 Handler = Callable[[Any, Policy], Any]
 
 KUBE_VERBS: dict[str, Handler] = {
     "filter": wire_kube.handle_filter,
-    "prioritize": wire_kube.handle_prioritize,
+    "prioritize": wire_kube.handle_prioritize_encoded,
     "preempt": wire_kube.handle_preempt,
 }
 VOLCANO_VERBS: dict[str, Handler] = {
@@ -112,6 +113,8 @@ def _refuse_constant(name: str) -> Any:
 
 
 def encode(answer: Any) -> bytes:
+    if isinstance(answer, bytes):  # already JSON (no JSON value is bytes: orjson refuses them)
+        return answer
     try:
         return orjson.dumps(answer)
     except TypeError:  # an integer beyond 64 bits echoed back (Volcano victims)

@@ -1,0 +1,197 @@
+"""Fit tables (the extender's per-GPU-count answers) stay current, and the fast wire paths
+answer what the plain ones did.
+
+Expected scores are worked out by hand from placement's module docstring, case by case:
+for k >= 2 on an all-NVLink node, 6 + int(4 x (min(n, 18) / 18 + k / free) / 2 + 0.5);
+k == 1: int(10 / free + 0.5); a node with no link information: 4 + int(2 x k / free + 0.5);
+a node with fewer than k free fails with "gpumeter: node has <free> free GPUs, pod needs <k>".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from scheduler_hooks.placement import PlacementIndex
+from scheduler_hooks.policy import ClusterView, PodRequest, Policy
+from scheduler_hooks.state import HooksState, WatchedNode, WatchedPod
+from scheduler_hooks.wire_kube import (
+    _HostPieces,
+    encode_host_priorities,
+    handle_filter,
+    handle_prioritize,
+    handle_prioritize_encoded,
+)
+from tests.unit.scheduler_hooks.builders import allocation, h100, l40s, pod_json, sample_placement
+
+
+def short(free: int, k: int) -> str:
+    return f"gpumeter: node has {free} free GPUs, pod needs {k}"
+
+
+def answer(index: PlacementIndex, node: str, k: int) -> tuple[int | None, str | None]:
+    """(score, failure reason) of one node in the fit table of k; (None, None) when absent."""
+    table = index.fit(k)
+    return table.scores.get(node), table.short.get(node)
+
+
+# -- PlacementIndex ----------------------------------------------------------------------------
+
+
+def test_a_fit_table_follows_topology_allocation_capacity_and_removal() -> None:
+    index = PlacementIndex()
+    table = index.fit(4)  # asked for before any node exists: filled as nodes arrive
+    index.update_topology(h100("n"))
+    assert answer(index, "n", 4) == (9, None)  # 8 free: (1 + 4/8) / 2 = .75 -> 6 + int(3.5)
+    index.update_allocation(allocation("n", 0, 1, 2))
+    assert answer(index, "n", 4) == (10, None)  # 5 free: (1 + .8) / 2 = .9 -> 6 + int(4.1)
+    index.update_allocation(allocation("n", 0, 1, 2, 3, 4))
+    assert answer(index, "n", 4) == (0, short(3, 4))  # 3 free: fails, prioritize says 0
+    index.update_allocation(allocation("n"))  # everything freed
+    assert answer(index, "n", 4) == (9, None)
+    index.update_topology(l40s("n"))  # same name, another board: 4 PCIe GPUs, SYS across switches
+    assert answer(index, "n", 4) == (0, None)  # fits, but its best 4-set is SYS: band 0
+    index.remove("n")
+    assert answer(index, "n", 4) == (None, None)  # unknown again: passes, scores neutral
+    index.set_capacity("c", 8)
+    index.update_allocation(allocation("c", 0, 1, 2, 3, 4, 5))
+    assert answer(index, "c", 4) == (0, short(2, 4))
+    index.set_capacity("c", None)  # the count is gone: free unknown, neutral 5 and passes
+    assert answer(index, "c", 4) == (5, None)
+    assert index.fit(4) is table  # kept current all along, never rebuilt
+
+
+def test_a_table_built_late_starts_from_the_current_state() -> None:
+    index = PlacementIndex()
+    index.update_topology(h100("m"))
+    index.update_allocation(allocation("m", 0, 1, 2, 3, 4, 5))
+    index.set_capacity("plain", 8)
+    assert answer(index, "m", 2) == (10, None)  # 2 free: (1 + 1) / 2 -> 10
+    assert answer(index, "plain", 2) == (5, None)  # no layout, 8 free: 4 + int(2 x 2/8 + .5)
+    assert answer(index, "m", 3) == (0, short(2, 3))
+
+
+def test_more_gpu_counts_than_tables_kept_still_answer_right() -> None:
+    # Past the table limit every table is dropped and rebuilt on demand; answers stay exact.
+    index = PlacementIndex()
+    index.update_topology(h100("n"))
+    for k in range(1, 71):
+        expected = (1, None) if k == 1 else (0, short(8, k)) if k > 8 else None
+        if expected is not None:
+            assert answer(index, "n", k) == expected, k  # k = 1: int(10 / 8 + .5) = 1
+    index.update_allocation(allocation("n", 0, 1, 2, 3, 4, 5, 6))
+    assert answer(index, "n", 1) == (10, None)  # 1 free: best fit
+    assert answer(index, "n", 70) == (0, short(1, 70))
+    assert answer(index, "n", 8) == (0, short(1, 8))
+
+
+# -- HooksState: pods bound and gone change the tables -------------------------------------------
+
+
+def pod(uid: str, node: str = "", gpus: int = 1) -> WatchedPod:
+    return WatchedPod(uid=uid, namespace="ns-a", name=uid, node=node, gpus=gpus)
+
+
+def test_pods_bound_and_gone_update_the_tables() -> None:
+    state = HooksState()
+    state.apply_topology(h100("h"))
+    state.apply_allocation(allocation("h", 0, 1, 2, 3))
+    index = state.placement
+    assert answer(index, "h", 4) == (10, None)  # 4 free: exact fit
+    assert answer(index, "h", 2) == (9, None)  # (1 + 2/4) / 2 = .75 -> 6 + int(3.5)
+    state.upsert_pod(pod("new", node="h", gpus=2))  # bound since the agent's record: 2 left
+    assert answer(index, "h", 4) == (0, short(2, 4))
+    assert answer(index, "h", 2) == (10, None)
+    filtered = state.policy.filter(PodRequest("ns-a", "p", "u", gpus=4), ["h", "elsewhere"])
+    assert (filtered.passed, filtered.failed) == (["elsewhere"], {"h": short(2, 4)})
+    state.delete_pod("new")
+    assert answer(index, "h", 4) == (10, None)
+    assert answer(index, "h", 2) == (9, None)
+    state.upsert_pod(pod("big", node="h", gpus=4))
+    assert answer(index, "h", 4) == (0, short(0, 4))
+    state.upsert_pod(WatchedPod(uid="big", namespace="ns-a", name="big", node="h", gpus=4, terminal=True))
+    assert answer(index, "h", 4) == (10, None)  # finished: its GPUs are free again
+
+
+def test_a_topology_tombstone_falls_back_to_the_node_count() -> None:
+    state = HooksState()
+    state.upsert_node(WatchedNode("h", None, 8))
+    state.apply_topology(h100("h"))
+    state.apply_allocation(allocation("h", 0, 1))
+    assert answer(state.placement, "h", 2) == (9, None)  # 6 free: (1 + 2/6) / 2 -> 6 + int(3.17)
+    state.remove_topology("h")
+    assert answer(state.placement, "h", 2) == (5, None)  # no layout, 6 free: 4 + int(2/3 + .5)
+    state.upsert_node(WatchedNode("h", None, 1))  # the node now lists one GPU, two held
+    assert answer(state.placement, "h", 2) == (0, short(0, 2))
+
+
+# -- Policy on the tables ---------------------------------------------------------------------
+
+POLICY = Policy(ClusterView(placement=sample_placement(), blocked={"team-b": "gpu_hours"}))
+REPEATED = ["l40s-b", "h100-a", "mystery", "h100-a", "l40s-b"]
+
+
+def test_filter_keeps_repeats_only_when_asked() -> None:
+    # sample_placement: h100-a 2 free, l40s-b 1 free, mystery unknown (passes).
+    request = PodRequest("team-a", "p", "u", gpus=2)
+    once = POLICY.filter(request, REPEATED)
+    kept = POLICY.filter(request, REPEATED, distinct=False)
+    assert (once.passed, once.failed) == (["h100-a", "mystery"], {"l40s-b": short(1, 2)})
+    assert (kept.passed, kept.failed) == (["h100-a", "mystery", "h100-a"], {"l40s-b": short(1, 2)})
+
+
+def test_prioritize_columns_name_each_node_once() -> None:
+    request = PodRequest("team-a", "p", "u", gpus=2)
+    names, scores = POLICY.prioritize_columns(request, REPEATED)
+    assert (names, scores) == (["l40s-b", "h100-a", "mystery"], [0, 10, 5])
+    refused = PodRequest("team-b", "p", "u", gpus=2)
+    assert POLICY.prioritize_columns(refused, REPEATED) == (["l40s-b", "h100-a", "mystery"], [0, 0, 0])
+
+
+# -- wire: the encoded paths -----------------------------------------------------------------
+
+
+def extender_args(names: list[str], namespace: str = "team-a") -> dict[str, Any]:
+    return {"Pod": pod_json(namespace=namespace, gpus=2), "Nodes": None, "NodeNames": names}
+
+
+def test_filter_answer_lists_a_repeated_name_as_often_as_sent() -> None:
+    answer_ = handle_filter(extender_args(["h100-a", "l40s-b", "h100-a", "mystery"]), POLICY)
+    assert answer_["NodeNames"] == ["h100-a", "h100-a", "mystery"]
+    assert answer_["FailedNodes"] == {"l40s-b": short(1, 2)}
+    assert answer_["Nodes"] is None
+
+
+def test_encoded_priorities_are_the_json_of_the_plain_answer() -> None:
+    # Names a JSON writer must escape; none is known, so each scores neutral 5, except h100-a.
+    names = ['quo"te', "back\\slash", "\u00fc-node", "\ud800x", "h100-a", 'quo"te']
+    document = extender_args(names)
+    encoded = handle_prioritize_encoded(document, POLICY)
+    assert encoded == (
+        b'[{"Host":"quo\\"te","Score":5},{"Host":"back\\\\slash","Score":5},'
+        b'{"Host":"\xc3\xbc-node","Score":5},{"Host":"\\ud800x","Score":5},{"Host":"h100-a","Score":10}]'
+    )
+    assert json.loads(encoded) == handle_prioritize(document, POLICY)
+    refused = handle_prioritize_encoded(extender_args(["h100-a"], namespace="team-b"), POLICY)
+    assert refused == b'[{"Host":"h100-a","Score":0}]'
+    assert encode_host_priorities([], []) == b"[]"
+
+
+def test_host_pieces_stay_bounded() -> None:
+    pieces = _HostPieces(7, limit=2)
+    assert [pieces[name] for name in ("a", "b", "c")] == [
+        b'{"Host":"a","Score":7}', b'{"Host":"b","Score":7}', b'{"Host":"c","Score":7}']
+    assert len(pieces) <= 2
+
+
+def test_becoming_ready_builds_the_common_tables_once() -> None:
+    state = HooksState()
+    state.expect("topology", "pods")
+    state.apply_topology(h100("h"))
+    state.loaded("topology")
+    assert state.placement.fitted == ()  # still waiting for the pods
+    state.loaded("pods")
+    assert state.placement.fitted == (1, 2, 4, 8)
+    assert answer(state.placement, "h", 8) == (10, None)  # 8 free, exact fit: (1 + 1) / 2 -> 10
+    state.apply_allocation(allocation("h", 0))
+    assert answer(state.placement, "h", 8) == (0, short(7, 8))  # kept current after warming
