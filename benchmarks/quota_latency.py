@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
+import itertools
 import json
 import multiprocessing
 import os
+import queue
 import secrets
 import shutil
 import statistics
@@ -50,7 +53,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
-from kafka import KafkaProducer  # noqa: E402
+from kafka import KafkaProducer, TopicPartition  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import watch as k8s_watch  # noqa: E402
 from rich.console import Console  # noqa: E402
@@ -229,13 +232,58 @@ class EvictionWatch:
 # -- the actuator in its own process -----------------------------------------------------------------
 
 
-def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any) -> None:
+def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any, marks_out: Any) -> None:
     import logging
 
     from kubernetes import config as k8s_config
 
     from scheduler_hooks.actuator import Actuator, TenantsSource
     from scheduler_hooks.kube_gateway import KubeGateway
+
+    # Stage marks (time.time() per tenant, first occurrence): "fetched" as the consumer hands the
+    # event to its tenant's chain, "handled" as handling starts, "evict" as the Eviction call goes out;
+    # and the durations of the calls on the way (<call> and <call> done).
+    marks: dict[str, dict[str, float]] = {"fetched": {}, "handled": {}, "evict": {}}
+
+    def timed(name: str, tenant: str, call: Callable[[], Any]) -> Any:
+        marks.setdefault(name, {}).setdefault(tenant, time.time())
+        try:
+            return call()
+        finally:
+            marks.setdefault(f"{name} done", {}).setdefault(tenant, time.time())
+
+    class TimedGateway(KubeGateway):
+        def evict(self, namespace: str, name: str, uid: str) -> tuple[int, bytes]:
+            return timed("evict", namespace, lambda: super(TimedGateway, self).evict(namespace, name, uid))
+
+        def patch_pod(self, namespace: str, name: str, body: Any, content_type: str) -> int:
+            return timed("patch", namespace,
+                         lambda: super(TimedGateway, self).patch_pod(namespace, name, body, content_type))
+
+        def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
+            return timed("pods", namespace or "", lambda: super(TimedGateway, self).pods(namespace))
+
+    class TimedActuator(Actuator):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            recorded = self.sink.recorded
+
+            async def timed_recorded(tenant: str, cause: str) -> set[str] | None:
+                marks.setdefault("recorded", {}).setdefault(tenant, time.time())
+                try:
+                    return await recorded(tenant, cause)
+                finally:
+                    marks.setdefault("recorded done", {}).setdefault(tenant, time.time())
+
+            self.sink.recorded = timed_recorded  # type: ignore[method-assign]
+
+        def _chain(self, event: Any, moot: Any, done: Any) -> None:
+            marks["fetched"].setdefault(event.tenant, time.time())
+            super()._chain(event, moot, done)
+
+        async def handle(self, event: Any, moot: Any = frozenset()) -> None:
+            marks["handled"].setdefault(event.tenant, time.time())
+            await super().handle(event, moot)
 
     logging.basicConfig(
         filename=str(Path(tenants).with_name("actuator.log")),
@@ -246,10 +294,10 @@ def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any)
     logging.getLogger("gpumeter.actuator").setLevel(logging.DEBUG)
     settings = Settings.model_validate_json(settings_json)
     api = k8s_config.new_client_from_config(config_file=kubeconfig)
-    actuator = Actuator(
+    actuator = TimedActuator(
         settings,
         dry_run=False,
-        kube=KubeGateway(api),
+        kube=TimedGateway(api),
         tenants=TenantsSource(Path(tenants)),
         reclaim_seconds=3600.0,
         queue_sync_seconds=5.0,
@@ -268,6 +316,7 @@ def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any)
         watcher.cancel()
 
     asyncio.run(main())
+    marks_out.put(marks)
 
 
 # -- the raw Kafka hop -------------------------------------------------------------------------------
@@ -382,9 +431,12 @@ def cross(
     pace: float,
     label: str,
     timeout: float = 300.0,
+    sent: dict[str, float] | None = None,
 ) -> list[float]:
+    """Produce one crossing per tenant, ``pace`` apart; the latencies to the evictions seen.
+    ``sent`` (if given) receives each tenant's produce time."""
     producer = KafkaProducer(bootstrap_servers=settings.kafka.bootstrap, acks="all", linger_ms=0)
-    sent: dict[str, float] = {}
+    sent = {} if sent is None else sent
     with progress() as bar:
         task = bar.add_task(label, total=len(tenants))
         for tenant in tenants:
@@ -422,6 +474,88 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
+# -- where the time goes ----------------------------------------------------------------------------
+
+
+def first_timestamps(settings: Settings, topic: str, keep: Callable[[bytes], bool]) -> dict[str, float]:
+    """Per key (= tenant), the CreateTime (seconds) of its first record on ``topic`` that ``keep``
+    accepts: the producer stamps a record when its send() is called, on this same host."""
+    from kafka import KafkaConsumer
+
+    name = settings.kafka.topic(topic)
+    consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(name, p) for p in sorted(consumer.partitions_for_topic(name) or ())]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        first: dict[str, float] = {}
+        deadline = time.monotonic() + 60
+        while any(consumer.position(tp) < ends[tp] for tp in partitions) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    if record.key is not None and keep(record.value):
+                        first.setdefault(record.key.decode(), record.timestamp / 1000.0)
+        return first
+    finally:
+        consumer.close()
+
+
+def stages(
+    settings: Settings,
+    sent: dict[str, float],
+    marks: dict[str, dict[str, float]],
+    seen: dict[str, float],
+    direct: list[str],
+    piped: list[str],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """p50/p99 of each hop along both paths, from timestamps taken on the way (see the names)."""
+    points: dict[str, dict[str, float]] = {
+        "produced": sent,
+        "rated record produced": first_timestamps(settings, topics.RATED, lambda value: True),
+        "quota event produced": first_timestamps(
+            settings, topics.QUOTA_EVENTS, lambda value: json.loads(value).get("level") == "exceeded"
+        ),
+        "actuator fetched": marks.get("fetched", {}),
+        "actuator handling": marks.get("handled", {}),
+        "eviction call": marks.get("evict", {}),
+        "eviction answered": marks.get("evict done", {}),
+        "eviction seen": seen,
+    }
+    paths = {
+        "actuator": (direct, ["produced", "actuator fetched", "actuator handling", "eviction call",
+                              "eviction answered", "eviction seen"]),
+        "pipeline": (piped, ["produced", "rated record produced", "quota event produced", "actuator fetched",
+                             "actuator handling", "eviction call", "eviction answered", "eviction seen"]),
+    }
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    calls: dict[str, dict[str, float]] = {}
+    for call in ("recorded", "pods", "patch", "evict"):
+        starts, ends = marks.get(call, {}), marks.get(f"{call} done", {})
+        gaps = sorted(ends[t] - starts[t] for t in [*direct, *piped] if t in starts and t in ends)
+        if gaps:
+            calls[f"{call} call"] = summary(gaps)
+    if calls:
+        out["actuator calls (both paths)"] = calls
+    for path, (tenants, names) in paths.items():
+        if not tenants:
+            continue
+        out[path] = {}
+        for start, end in itertools.pairwise(names):
+            gaps = sorted(points[end][t] - points[start][t] for t in tenants
+                          if t in points[start] and t in points[end])
+            if gaps:
+                out[path][f"{start} -> {end}"] = summary(gaps)
+        # The five slowest crossings hop by hop (milliseconds): what the tail is made of.
+        slowest = sorted((t for t in tenants if t in seen and t in sent), key=lambda t: sent[t] - seen[t])[:5]
+        for rank, tenant in enumerate(slowest, 1):
+            hops = {f"{a} -> {b}": round((points[b][tenant] - points[a][tenant]) * 1000, 1)
+                    for a, b in itertools.pairwise(names) if tenant in points[a] and tenant in points[b]}
+            total = round((seen[tenant] - sent[tenant]) * 1000, 1)
+            out[path][f"slowest #{rank}"] = {"total_ms": total, **hops}
+    return out
+
+
 # -- main -----------------------------------------------------------------------------------------------
 
 
@@ -430,13 +564,16 @@ class Processes:
 
     def __init__(self) -> None:
         self.stop: Any = MP.Event()
+        self.marks_queue: Any = MP.Queue()
+        self.marks: dict[str, dict[str, float]] = {}  # the actuator's stage marks, once it stopped
         self.actuator: Any = None
         self.worker: WorkerProcess | None = None
 
     def start(self, settings: Settings, kube: Kube, tenants_file: Path, worker_log: Path | None) -> None:
         self.actuator = MP.Process(
             target=_actuator_main,
-            args=(settings.model_dump_json(), str(kube.kubeconfig), str(tenants_file), self.stop),
+            args=(settings.model_dump_json(), str(kube.kubeconfig), str(tenants_file), self.stop,
+                  self.marks_queue),
             daemon=True,
         )
         self.actuator.start()
@@ -446,6 +583,9 @@ class Processes:
     def close(self) -> None:
         self.stop.set()
         if self.actuator is not None and self.actuator.is_alive():
+            # Read before joining: a process holding queued data does not exit until it is read.
+            with contextlib.suppress(queue.Empty):
+                self.marks = self.marks_queue.get(timeout=30)
             self.actuator.join(timeout=30)
         if self.worker is not None:
             self.worker.stop()
@@ -459,7 +599,9 @@ def measure(
     direct: list[str],
     piped: list[str],
     pace: float,
+    sent: dict[str, float],
 ) -> dict[str, Any]:
+    """The three measurements; ``sent`` receives every measured crossing's produce time."""
     quota_topic, samples_topic = (
         settings.kafka.topic(topics.QUOTA_EVENTS),
         settings.kafka.topic(topics.SAMPLES),
@@ -474,11 +616,12 @@ def measure(
         wait_until(lambda: queues_made(api) >= expected, what="Volcano queues made", timeout=600)
     results: dict[str, Any] = {"raw_kafka": summary(raw_kafka(settings, len(direct), pace))}
     results["actuator"] = summary(
-        cross(settings, quota_topic, direct, quota_event, watch, pace, "QuotaEvent -> eviction")
+        cross(settings, quota_topic, direct, quota_event, watch, pace, "QuotaEvent -> eviction", sent=sent)
     )
     if piped:
         results["pipeline"] = summary(
-            cross(settings, samples_topic, piped, crossing_sample, watch, pace, "crossing sample -> eviction")
+            cross(settings, samples_topic, piped, crossing_sample, watch, pace, "crossing sample -> eviction",
+                  sent=sent)
         )
     return results
 
@@ -541,13 +684,15 @@ def main(argv: list[str] | None = None) -> int:
                     lambda: len(watch.running) >= len(everyone), what="benchmark pods Running", timeout=600
                 )
             processes = Processes()
+            sent: dict[str, float] = {}
             try:
                 processes.start(settings, kube, tenants_file, workdir / "worker.log" if piped else None)
-                results.update(measure(settings, api, watch, warm, direct, piped, args.pace))
+                results.update(measure(settings, api, watch, warm, direct, piped, args.pace, sent))
             finally:
                 # Before the control plane goes: nothing left talking to a stopped API server.
                 processes.close()
                 watch.close()
+            results["stages"] = stages(settings, sent, processes.marks, watch.seen, direct, piped)
     finally:
         services.drop_namespace(settings)
         if args.keep:
@@ -594,6 +739,17 @@ def report(results: dict[str, Any]) -> None:
             f"{data['p99_ratio_vs_raw']:.1f}",
         )
     console.print(table)
+    for path, hops in results.get("stages", {}).items():
+        breakdown = Table("hop", "p50", "p99", "count", title_justify="left",
+                          title=f"{path}: where the time goes")
+        for hop, data in hops.items():
+            if "p50_s" in data:
+                breakdown.add_row(hop, f"{data['p50_s'] * 1000:,.1f} ms", f"{data['p99_s'] * 1000:,.1f} ms",
+                                  str(data["count"]))
+        console.print(breakdown)
+        for hop, data in hops.items():
+            if "p50_s" not in data:
+                console.print(f"  {hop}: " + ", ".join(f"{k} {v:,.0f}" for k, v in data.items()))
     console.print(
         f"{results['cpus']} CPUs; 1-minute load average {results['load_average_before']:.1f} before, "
         f"{results['load_average_after']:.1f} after"

@@ -175,6 +175,68 @@ class OffsetTracker(Generic[K]):
             self._pending.pop(partition, None)
 
 
+class RefreshingCache(Generic[T]):
+    """A value read from the API server (every namespace, every node), kept in memory.
+
+    ``get()`` waits for a read only the first time, or when asked for a ``fresh`` value; a value
+    older than ``max_age`` is returned as it is while one read in the background replaces it.
+    Before this, every event that came upon an aged cache waited for a list of every namespace
+    (or node), the eviction with it: a tail of the quota benchmark. Staleness stays bounded by
+    ``max_age`` plus one read. A background read that fails keeps the old value, and the next
+    ``get()`` after that tries again. Concurrent ``fresh`` callers share one read when it
+    started after they asked.
+    """
+
+    def __init__(self, load: Callable[[], Awaitable[T]], max_age: float,
+                 spawn: Callable[[Awaitable[Any]], None], monotonic: Callable[[], float] = time.monotonic,
+                 what: str = "value") -> None:
+        """``spawn`` keeps the background read's task (the actuator cancels its tasks at stop)."""
+        self._load = load
+        self._max_age = max_age
+        self._spawn = spawn
+        self._monotonic = monotonic
+        self._what = what
+        self._value: T | None = None
+        self._read_at = float("-inf")  # when the read that gave the value started
+        self._loaded = False
+        self._reads = 0  # reads started so far; counted, as two clock readings can be equal
+        self._value_read = 0  # the number of the read that gave the value
+        self._lock = asyncio.Lock()
+        self._background: asyncio.Task[None] | None = None
+
+    async def get(self, fresh: bool = False) -> T:
+        if fresh or not self._loaded:
+            return await self._read(self._reads)
+        idle = self._background is None or self._background.done()
+        if idle and self._monotonic() - self._read_at > self._max_age:
+            self._background = asyncio.ensure_future(self._refresh())
+            self._spawn(self._background)
+        return self._current()
+
+    def _current(self) -> T:
+        if not self._loaded:
+            raise RuntimeError("RefreshingCache read before its first load")
+        return self._value  # type: ignore[return-value]  # T itself may include None
+
+    async def _read(self, started_before: int) -> T:
+        """A value from a read started after ``started_before`` reads had started."""
+        async with self._lock:
+            if self._loaded and self._value_read > started_before:
+                return self._current()  # a read that started after we asked: as fresh as ours
+            self._reads += 1
+            number, started = self._reads, self._monotonic()
+            value = await self._load()
+            self._value, self._read_at, self._value_read, self._loaded = value, started, number, True
+            return value
+
+    async def _refresh(self) -> None:
+        try:
+            await self._read(self._reads)
+        except Exception as exc:  # the old value stays; the next get() after max_age tries again
+            log.warning("reading %s failed, the last one stays in use: %s", self._what,
+                        (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300])
+
+
 class TenantsSource:
     """The tenants file, re-read when its mtime or size changes.
 
@@ -248,11 +310,10 @@ class Actuator:
         self.blocked: dict[str, frozenset[str]] = {}
         self._inflight: dict[str, InFlight] = {}  # by pod uid
         self._handled: set[str] = set()  # event ids planned by this process
-        self._node_labels: dict[str, dict[str, str]] = {}
-        self._nodes_at = float("-inf")
-        self._namespace_tenants: dict[str, str] = {}
-        self._namespaces_at = float("-inf")
-        self._namespaces_lock = asyncio.Lock()
+        self._node_labels = RefreshingCache(self._read_node_labels, NODE_CACHE_SECONDS, self._spawn,
+                                            what="the nodes' labels")
+        self._namespace_tenants = RefreshingCache(self._read_namespace_tenants, NAMESPACE_CACHE_SECONDS,
+                                                  self._spawn, what="the namespaces' tenants")
         self._tenant_slots = asyncio.Semaphore(TENANT_CONCURRENCY)
         self._chains: dict[str, asyncio.Task[None]] = {}  # tenant -> its latest event's task
         # Below the client's connection pool (10 by default), so no connection is thrown away.
@@ -286,6 +347,7 @@ class Actuator:
             bootstrap_servers=self.settings.kafka.bootstrap,
             group_id=self.group,
             enable_auto_commit=False,
+            fetch_max_wait_ms=self.settings.hooks.actuator_fetch_max_wait_ms,
             # A first start acts on the whole history it finds; superseded() drops the crossings
             # that a later recovered in the same backlog made moot.
             auto_offset_reset="earliest",
@@ -662,20 +724,20 @@ class Actuator:
             log.info("resumed %d eviction(s) noticed before this start", count)
 
     # -- cluster reads ------------------------------------------------------------------------
+    async def _read_node_labels(self) -> dict[str, dict[str, str]]:
+        return {n.name: dict(n.labels) for n in map(node_view, await self._io(self.kube.nodes))}
+
+    async def _read_namespace_tenants(self) -> dict[str, str]:
+        return namespace_tenants(await self._io(self.kube.namespaces))
+
     async def _labels_of_nodes(self) -> dict[str, dict[str, str]]:
-        if time.monotonic() - self._nodes_at > NODE_CACHE_SECONDS:
-            nodes = await self._io(self.kube.nodes)
-            self._node_labels = {n.name: dict(n.labels) for n in map(node_view, nodes)}
-            self._nodes_at = time.monotonic()
-        return self._node_labels
+        """Node -> labels, NODE_CACHE_SECONDS old or a little more (read again in the background)."""
+        return await self._node_labels.get()
 
     async def _namespace_map(self, refresh: bool = False) -> dict[str, str]:
-        """Namespace -> tenant, at most NAMESPACE_CACHE_SECONDS old (or read now if ``refresh``)."""
-        async with self._namespaces_lock:
-            if refresh or time.monotonic() - self._namespaces_at > NAMESPACE_CACHE_SECONDS:
-                self._namespace_tenants = namespace_tenants(await self._io(self.kube.namespaces))
-                self._namespaces_at = time.monotonic()
-            return self._namespace_tenants
+        """Namespace -> tenant, NAMESPACE_CACHE_SECONDS old or a little more (read again in the
+        background), or read now if ``refresh``."""
+        return await self._namespace_tenants.get(fresh=refresh)
 
     async def _namespaces_of(self, tenant: str) -> list[str]:
         """The tenant's namespaces; the map is read again at once when it shows none (a

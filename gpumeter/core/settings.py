@@ -105,6 +105,11 @@ class HooksSettings(BaseModel):
     dry_run: bool = False
     # Back-off ceiling for an eviction refused by a PodDisruptionBudget (429), retried.
     eviction_max_backoff_seconds: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    # The longest the broker holds the actuator's fetch open waiting for quota events. While one
+    # fetch is open no other goes to that broker, so a partition left out of it (its previous
+    # records not consumed yet when it was sent) waits this long at worst; aiokafka's 500 ms
+    # default was a tail of quota enforcement. Smaller costs only idle fetches.
+    actuator_fetch_max_wait_ms: Annotated[int, Field(ge=1, le=10_000)] = 50
 
 
 class ApiSettings(BaseModel):
