@@ -1,86 +1,98 @@
 """A seeded, deterministic simulated GPU cluster that emits contract-1 UsageSamples.
 
 The simulated fleet stands in for NVML + kubelet on machines without GPUs (the demo,
-tests, benchmarks). It is never presented as NVML: every sample carries the label
-``gpumeter.io/source: simulated``.
+tests, benchmarks). It emits what node agents would (collectors/agent/samples.py), so a
+dashboard built on the demo reads production data the same way; it is never presented as
+NVML: every sample carries the label ``gpumeter.io/source: simulated``
+(collectors/sim/samples.py states the shape rules).
 
 Model
 -----
-* Nodes of each configured GPU model, ``gpus_per_node`` GPUs each (a model whose server type
-  fixes the count, such as the 4-GPU L4 node, or an entry of ``gpus_per_node_by_model``,
-  overrides it), each with its model's real GPU layout (collectors/sim/hardware.py). A node's
-  capacity type (on-demand / reserved / spot) is fixed and spread over the fleet by smooth
-  weighted round-robin of ``capacity_mix``, so every model gets a mix.
-* On models with a MIG profile (A100-SXM-40GB: ``1g.5gb``; H100-SXM-80GB: ``1g.10gb``),
-  the first ``mig_gpus_per_node[model]`` GPUs of every node are partitioned into 7
-  slices each; the remaining GPUs are handed out whole.
-* Tenants submit jobs as a Poisson process per window (``random.Random(seed)``), with a
-  daily and weekly rhythm and growth (collectors/sim/rhythm.py). A job asks for 1, 2, 4
-  or 8 whole GPUs of one model, or for one MIG slice. It is placed first-fit on the
-  nodes of its model (by free count); there it
-  gets the free GPUs the device plugin would pick, the best-connected set
-  (collectors/sim/allocation.py; on an all-NVLink board, the lowest free indices). Jobs
-  that do not fit wait in a FIFO queue that is re-scanned every window (backfill:
-  a small job may start ahead of a large one that still does not fit). A whole-GPU job
-  that has waited ``reserve_after_seconds`` stops backfill on its GPU model until it
-  starts, so 8-GPU jobs do not starve. A tenant's queue is capped
-  (``max_queue_per_tenant``); submissions beyond it are dropped and counted. Window 0
-  also gets ``warm_start_jobs`` extra submissions per tenant so the fleet is busy at once.
-* A job runs one pod for a whole number of windows (minutes to hours of simulated time),
-  then releases its GPUs. The clock is simulated: pacing is the caller's job.
+* Nodes of each configured GPU model (H100, H200, B200, A100, L40S, L4; collectors/sim/hardware.py),
+  ``gpus_per_node`` GPUs each (a model whose server type fixes the count, such as the 4-GPU L4
+  node, or an entry of ``gpus_per_node_by_model``, overrides it), each with its model's real GPU
+  layout. A node's capacity type (on-demand / reserved / spot) is fixed and spread over the fleet
+  by smooth weighted round-robin of ``capacity_mix``, so every model gets a mix.
+* MIG: the first ``mig_gpus_per_node[model]`` GPUs of every node of a MIG-capable model are in MIG
+  mode, each split into the ``all-balanced`` layout (2 x 1g, 1 x 2g, 1 x 3g of 7 compute slices);
+  they are never handed out whole (contract 8: ``mig_enabled``).
+* Time-slicing: the first ``time_sliced_nodes[model]`` nodes of a model run the device plugin
+  with ``time_slice_replicas`` replicas per GPU: a pod gets one replica (``<uuid>::<n>``) on the
+  GPU with the fewest pods, and holds 1/replicas of it. Those nodes have no MIG and no whole GPUs.
+* Tenants submit jobs as a Poisson process per window (``random.Random(seed)``), with a daily and
+  weekly rhythm and growth (collectors/sim/rhythm.py). A job asks for 1, 2, 4 or 8 whole GPUs of
+  one model, one MIG device of a profile (1-slice profiles most often), or one time-sliced
+  replica. Whole-GPU jobs are placed first-fit on the nodes of their model and get the
+  best-connected free set (collectors/sim/allocation.py). Jobs that do not fit wait in a FIFO
+  queue re-scanned every window (backfill; a whole-GPU job waiting ``reserve_after_seconds``
+  stops backfill on its model). A tenant's queue is capped (``max_queue_per_tenant``). Window 0
+  gets ``warm_start_jobs`` extra submissions per tenant.
+* A pod starts at a window boundary and runs a whole number of *seconds*, so it usually ends
+  inside a window: that last window bills the part it held, as the agent bills a finished pod.
 
-Samples
--------
-Per running pod and window: one ``gpu`` sample plus ``cpu`` (cores), ``memory`` (GiB) and
-``storage`` (GiB) samples. Telemetry (utilization 0-1 with two decimals, power in watts
-with one decimal, energy = power x window seconds, GPU memory used) rides on the gpu
-sample; the memory sample carries host memory used.
-
-MIG quantities follow contract 1 ("GPUs, fractions for MIG"), exactly as the NVML agent
-reports them: a ``1g.5gb`` slice of a 7-slice A100 is ``gpu_share(1, 7)`` =
-0.142857142857 GPU (12 places, half-even), with ``mig_profile`` set. The rate card's
-(A100-SXM-40GB, 1g.5gb) price is therefore per GPU-hour of MIG capacity. The gpu sample
-labels ``gpumeter.io/gpus`` (GPU indices) and ``gpumeter.io/mig-slice`` say which device
-it is.
+Realism events (drawn from their own ``random.Random``, as telemetry is)
+-----------------------------------------------------------------------
+* Spot reclaim: each window a spot node is reclaimed by the provider with probability
+  ``spot_reclaims_per_day`` x window / day, at a moment inside the window. Its pods end then and
+  are resubmitted as new pods (their controller recreates them) for the rest of their run; the node's
+  agent dies with it, so that window is never reported (neither samples nor allocation), and the node
+  is gone for ``spot_downtime_minutes``. It comes back under its name on another machine: new GPU
+  UUIDs, a new ``NodeTopology``.
+* Agent outage ("node loss": the node stops emitting): each window a node goes silent with
+  probability ``agent_outages_per_day`` x window / day, for ``agent_outage_minutes``. Kubernetes
+  carries on (pods keep running, start and end there); nothing is reported. When the agent is back
+  it reports its window and backfills the most recent ``max_backfill_windows`` missed windows as
+  collectors/agent/windows.py does: from what it observes now (the pods on the node now, each from
+  its start), quantities only, labelled ``backfilled``; older missed windows and pods that ended
+  meanwhile are not billed.
 
 Topology and allocation (contract 8)
 ------------------------------------
-:meth:`SimulatedFleet.topology` gives every node's ``NodeTopology`` (built once: a node's
-layout never changes); :meth:`SimulatedFleet.allocations` gives, for the window last
-stepped, one ``NodeAllocation`` per node naming the GPU indices each running pod holds (a
-MIG slice holds its parent GPU's index; several slices of one GPU share it). Nodes with
-nothing running report an empty list, so a freed GPU is seen as free.
+:meth:`SimulatedFleet.topology` gives the ``NodeTopology`` of every node that exists now;
+:meth:`SimulatedFleet.allocations` gives, for the window last stepped, one ``NodeAllocation`` per
+node that reported it, naming the GPU indices each pod holds at the window's end (a MIG device or a
+replica its GPU's index, so an index may appear under several pods; pods that ended in the window
+hold nothing). A reporting node with nothing running reports an empty list.
 
 Identity and determinism
 ------------------------
-``pod_uid`` is ``uuid5(uuid5(NAMESPACE_URL, "gpumeter-sim/<cluster>/<seed>"), "job/<n>")``.
-``event_id`` is ``<kind>-`` + the first 32 hex digits of
-``sha256("<cluster>|<node>|<pod_uid>|<kind>|<window_start ISO>")``. The same
-configuration (including seed) yields the same samples byte for byte; nothing depends on
-wall-clock time, hash randomisation or set ordering.
+``pod_uid`` is ``uuid5(uuid5(NAMESPACE_URL, "gpumeter-sim/<cluster>/<seed>"), "job/<n>")``;
+``event_id`` is the agent's (collectors/sim/samples.py). The same configuration (including seed)
+yields the same samples byte for byte; nothing depends on wall-clock time, hash randomisation or
+set ordering.
 
-Two output paths share one simulation step: :meth:`SimulatedFleet.step` returns validated
-:class:`~gpumeter.core.models.UsageSample` objects, :meth:`SimulatedFleet.step_dicts` returns
-JSON-ready dicts (Decimals as strings, ISO 8601 timestamps with ``+00:00``) shaped like
-``UsageSample.model_dump()`` with every field present, for the fast publish path.
+:meth:`SimulatedFleet.step_dicts` returns JSON-ready dicts shaped like ``UsageSample.model_dump()``
+through JSON, with every field present (the fast publish path); :meth:`SimulatedFleet.step`
+returns the same samples validated as :class:`~gpumeter.core.models.UsageSample`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
-import re
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from collectors.sim.allocation import LinkTable, best_free_set
-from collectors.sim.hardware import GIB, GPU_SPECS, GpuSpec, node_topology
+from collectors.sim.config import DEFAULT_START, DEFAULT_TENANTS, FleetConfig, TenantSpec
+from collectors.sim.hardware import GIB, GPU_SPECS, GpuSpec, MigProfile, gpu_uuid, mig_uuid, node_topology
 from collectors.sim.rhythm import arrival_factor
+from collectors.sim.samples import (
+    CONTAINER,
+    ONE,
+    SOURCE_LABEL,
+    Device,
+    HostUsage,
+    PodIdentity,
+    PodSampler,
+    Reading,
+    held_fraction,
+    six,
+)
 from gpumeter.core.models import (
     CAPACITY_TYPES,
     CapacityType,
@@ -88,11 +100,10 @@ from gpumeter.core.models import (
     NodeAllocation,
     NodeTopology,
     UsageSample,
-    gpu_share,
 )
-from gpumeter.core.validation import TENANT_PATTERN
 
 __all__ = [
+    "CONTAINER",
     "DEFAULT_START",
     "DEFAULT_TENANTS",
     "SOURCE_LABEL",
@@ -102,15 +113,8 @@ __all__ = [
     "TenantSpec",
 ]
 
-DEFAULT_START = datetime(2026, 10, 30, tzinfo=UTC)
 WHOLE_SIZES: tuple[int, ...] = (1, 2, 4, 8)
-SOURCE_LABEL = "gpumeter.io/source"
-JOB_LABEL = "gpumeter.io/job"
-WORKLOAD_LABEL = "gpumeter.io/workload"
-GPUS_LABEL = "gpumeter.io/gpus"
-MIG_SLICE_LABEL = "gpumeter.io/mig-slice"
-# A simulated pod has one container; the allocation records name it so.
-CONTAINER = "main"
+DAY_SECONDS = 86_400
 
 # Job duration ranges (minutes of simulated time, log-uniform) per workload.
 DURATION_MINUTES: dict[str, tuple[float, float]] = {
@@ -129,168 +133,21 @@ GPU_MEMORY_PERCENT: dict[str, tuple[int, int]] = {
     "infer": (30, 80),
     "notebook": (5, 50),
 }
-STORAGE_GIB: tuple[int, ...] = (10, 50, 100, 250, 500, 1000, 2000)
-MIG_CPU_CORES: tuple[Decimal, ...] = (Decimal("0.5"), Decimal("1"), Decimal("2"))
-MIG_MEMORY_GIB: tuple[Decimal, ...] = (Decimal("4"), Decimal("8"), Decimal("16"))
+# CPU used as a percentage of the request (above 100: a burst over the request, which bills),
+# and host memory working set as a percentage of the request; each window adds jitter.
+CPU_PERCENT: tuple[int, int] = (30, 115)
+HOST_MEMORY_PERCENT: tuple[int, int] = (40, 95)
+EPHEMERAL_GIB: tuple[int, ...] = (10, 20, 50, 100)
+PVC_GIB: tuple[int, ...] = (100, 250, 500, 1000, 2000)
+PVC_SHARE = 0.7  # training and inference jobs that mount a data volume
+SMALL_CPU_CORES: tuple[Decimal, ...] = (Decimal("0.5"), Decimal("1"), Decimal("2"))
+SMALL_MEMORY_GIB: tuple[Decimal, ...] = (Decimal("4"), Decimal("8"), Decimal("16"))
+# Which MIG profile a MIG job asks for, by the profile's compute slices: small ones most often.
+MIG_PROFILE_WEIGHTS: dict[int, float] = {1: 0.6, 2: 0.25, 3: 0.15}
 
-_UTIL_DECIMALS: tuple[Decimal, ...] = tuple(Decimal(p).scaleb(-2) for p in range(101))
-_UTIL_STRINGS: tuple[str, ...] = tuple(str(d) for d in _UTIL_DECIMALS)
-_TENANT_RE = re.compile(TENANT_PATTERN)
+_UTIL_TEXT: tuple[str, ...] = tuple(six(Decimal(p).scaleb(-2)) for p in range(101))
 
-
-@dataclass(frozen=True, slots=True)
-class TenantSpec:
-    """How one tenant submits work.
-
-    ``size_weights`` weighs whole-GPU requests of 1, 2, 4 and 8 GPUs; ``mig_share`` is
-    the probability that a job asks for one MIG slice instead; ``inference_share`` the
-    probability that a job is a long-running inference server rather than training;
-    ``priorities`` (priority -> weight) overrides the fleet's priority mix.
-    """
-
-    name: str
-    arrivals_per_hour: float = 2.0
-    size_weights: tuple[float, float, float, float] = (0.4, 0.3, 0.2, 0.1)
-    mig_share: float = 0.1
-    inference_share: float = 0.1
-    priorities: Mapping[int, float] | None = None
-
-
-# team-a .. inference are in the default tenants file; sandbox deliberately is not
-# (a tenant without quota or commitment that must still be billed).
-DEFAULT_TENANTS: tuple[TenantSpec, ...] = (
-    TenantSpec("team-a", 1.5, (0.35, 0.3, 0.2, 0.15), mig_share=0.05, inference_share=0.1),
-    TenantSpec("team-b", 1.5, (0.5, 0.3, 0.15, 0.05), mig_share=0.1, inference_share=0.2),
-    TenantSpec("research", 0.6, (0.1, 0.2, 0.3, 0.4), mig_share=0.0, inference_share=0.0),
-    TenantSpec(
-        "inference",
-        1.0,
-        (0.7, 0.2, 0.1, 0.0),
-        mig_share=0.15,
-        inference_share=0.9,
-        priorities={1000: 0.7, 100: 0.3},
-    ),
-    TenantSpec("sandbox", 2.0, (0.8, 0.2, 0.0, 0.0), mig_share=0.6, inference_share=0.0),
-)
-
-
-def _default_nodes() -> dict[str, int]:
-    return {"H100-SXM-80GB": 4, "A100-SXM-40GB": 2, "L40S-48GB": 2}
-
-
-def _default_mig() -> dict[str, int]:
-    return {"A100-SXM-40GB": 2}
-
-
-def _default_capacity_mix() -> dict[CapacityType, float]:
-    return {"on-demand": 0.5, "reserved": 0.25, "spot": 0.25}
-
-
-def _default_priorities() -> dict[int, float]:
-    return {0: 0.5, 100: 0.35, 1000: 0.15}
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    """Everything that defines a simulated fleet; equal configs give equal sample streams.
-
-    ``tenants`` takes :class:`TenantSpec` objects or bare names (default job mix).
-    ``end`` (exclusive, on window starts) bounds :meth:`SimulatedFleet.windows`; ``None``
-    runs forever. ``start`` defaults to 2026-10-30T00:00:00Z so a run of a few simulated
-    days crosses the 2026-11-01 rate-card switch and the October/November month boundary.
-    """
-
-    seed: int = 42
-    cluster: str = "sim-cluster"
-    nodes: Mapping[str, int] = field(default_factory=_default_nodes)
-    gpus_per_node: int = 8
-    gpus_per_node_by_model: Mapping[str, int] = field(default_factory=dict)
-    mig_gpus_per_node: Mapping[str, int] = field(default_factory=_default_mig)
-    tenants: Sequence[TenantSpec | str] = DEFAULT_TENANTS
-    window_seconds: int = 60
-    start: datetime = DEFAULT_START
-    end: datetime | None = None
-    capacity_mix: Mapping[CapacityType, float] = field(default_factory=_default_capacity_mix)
-    priorities: Mapping[int, float] = field(default_factory=_default_priorities)
-    max_queue_per_tenant: int = 32
-    reserve_after_seconds: int | None = 3600
-    warm_start_jobs: int = 2
-    diurnal: bool = True
-
-    def __post_init__(self) -> None:
-        problems = list(self._problems())
-        if problems:
-            raise ValueError("invalid simulated fleet config: " + "; ".join(problems))
-
-    def _problems(self) -> Iterator[str]:
-        if not self.cluster.strip():
-            yield "cluster must not be blank"
-        if not isinstance(self.window_seconds, int) or not 1 <= self.window_seconds <= 3600:
-            yield "window_seconds must be an integer from 1 to 3600"
-        if self.start.tzinfo is None or self.start.utcoffset() is None:
-            yield "start must be timezone-aware"
-        if self.end is not None and (self.end.tzinfo is None or self.end.utcoffset() is None):
-            yield "end must be timezone-aware"
-        if self.gpus_per_node < 1:
-            yield "gpus_per_node must be >= 1"
-        for model, count in self.nodes.items():
-            if model not in GPU_SPECS:
-                yield f"unknown GPU model {model!r} (known: {', '.join(GPU_SPECS)})"
-            if count < 0:
-                yield f"node count for {model} must be >= 0"
-        if sum(self.nodes.values()) < 1:
-            yield "the fleet needs at least one node"
-        for model, count in self.gpus_per_node_by_model.items():
-            if model not in GPU_SPECS:
-                yield f"gpus_per_node_by_model: unknown GPU model {model!r}"
-            elif count < 1:
-                yield f"gpus_per_node_by_model[{model}] must be >= 1"
-        for model, count in self.mig_gpus_per_node.items():
-            spec = GPU_SPECS.get(model)
-            if spec is None or not spec.mig_profile:
-                yield f"{model!r} has no MIG profile in the simulator"
-            elif not 0 <= count <= self.gpus_on(model):
-                yield f"mig_gpus_per_node[{model}] must be between 0 and gpus_per_node"
-        for kind, weight in self.capacity_mix.items():
-            if kind not in CAPACITY_TYPES:
-                yield f"unknown capacity type {kind!r}"
-            if weight < 0:
-                yield f"capacity_mix[{kind}] must be >= 0"
-        if sum(self.capacity_mix.values()) <= 0:
-            yield "capacity_mix needs a positive weight"
-        if not self.priorities or sum(self.priorities.values()) <= 0:
-            yield "priorities needs a positive weight"
-        names: set[str] = set()
-        for spec_or_name in self.tenants:
-            name = spec_or_name if isinstance(spec_or_name, str) else spec_or_name.name
-            if not _TENANT_RE.match(name):
-                yield f"tenant name {name!r} does not match {TENANT_PATTERN}"
-            if name in names:
-                yield f"tenant {name!r} listed twice"
-            names.add(name)
-        if not names:
-            yield "at least one tenant is needed"
-        if self.max_queue_per_tenant < 0:
-            yield "max_queue_per_tenant must be >= 0"
-        if self.reserve_after_seconds is not None and self.reserve_after_seconds < 0:
-            yield "reserve_after_seconds must be >= 0 or None"
-        if self.warm_start_jobs < 0:
-            yield "warm_start_jobs must be >= 0"
-
-    def gpus_on(self, model: str) -> int:
-        """GPUs per node of ``model``: the override, else the server type's count, else ``gpus_per_node``."""
-        if model in self.gpus_per_node_by_model:
-            return self.gpus_per_node_by_model[model]
-        spec = GPU_SPECS.get(model)
-        return (spec.board_gpus if spec is not None else None) or self.gpus_per_node
-
-    @property
-    def tenant_specs(self) -> tuple[TenantSpec, ...]:
-        return tuple(TenantSpec(t) if isinstance(t, str) else t for t in self.tenants)
-
-    @property
-    def window(self) -> timedelta:
-        return timedelta(seconds=self.window_seconds)
+Request = Literal["whole", "mig", "shared"]
 
 
 @dataclass
@@ -304,6 +161,11 @@ class FleetStats:
     jobs_finished: int = 0
     jobs_evicted: int = 0
     jobs_dropped: int = 0
+    jobs_reclaimed: int = 0  # pods ended by a spot reclaim (each resubmitted as a new pod)
+    spot_reclaims: int = 0
+    agent_outages: int = 0
+    windows_backfilled: int = 0  # node-windows reported late by a returning agent
+    windows_unreported: int = 0  # node-windows never reported (reclaimed, or beyond the backfill)
     queued: int = 0
     running: int = 0
 
@@ -313,12 +175,25 @@ class _Node:
     name: str
     spec: GpuSpec
     capacity_type: CapacityType
-    free_whole: list[int]
-    free_slices: list[tuple[int, int]]
+    gpus: int
+    mig_gpus: int
+    shared: bool  # time-sliced: every GPU handed out as replicas
     topology: NodeTopology
     links: LinkTable
-    jobs: dict[str, _Job] = field(default_factory=dict)  # pod_uid -> running job, placed here
+    generation: int = 0
+    free_whole: list[int] = field(default_factory=list)
+    free_mig: list[tuple[int, int]] = field(default_factory=list)  # (gpu, slot in the MIG layout)
+    free_replicas: dict[int, list[int]] = field(default_factory=dict)  # gpu -> free replica numbers
+    jobs: dict[str, _Job] = field(default_factory=dict)  # pod_uid -> job placed here, in start order
+    back_at: int | None = None  # reclaimed: the window it exists again
+    silent_from: int | None = None  # agent outage: first silent window
+    silent_until: int = 0  # agent outage: first window reported again
+    reported: bool = True  # reported the window last stepped
     assignments: list[dict[str, Any]] | None = None  # JSON-ready, rebuilt after a change
+
+    @property
+    def gone(self) -> bool:
+        return self.back_at is not None
 
 
 @dataclass(slots=True)
@@ -327,32 +202,37 @@ class _Job:
     tenant: str
     workload: str
     model: str
-    gpus: int  # whole GPUs; 0 for a MIG slice
-    duration: int  # windows
+    request: Request
+    gpus: int  # whole GPUs; 1 device for a MIG or shared request
+    mig_profile: MigProfile | None
+    duration: int  # seconds
     priority: int
     base_util: int
     gpu_mem_percent: int
+    cpu_percent: int
+    host_mem_percent: int
     cpu: Decimal
     memory_gib: Decimal
-    storage_gib: Decimal
+    ephemeral_gib: Decimal
+    pvc: tuple[str, str, Decimal] | None
     pod: str
     pod_uid: str
     submitted: int  # window index
     # Set at placement.
     node: _Node | None = None
-    gpu_indices: tuple[int, ...] = ()
-    mig_slot: tuple[int, int] | None = None
-    end_window: int = 0
-    idle_p10: int = 0  # power at 0 % utilization, tenths of a watt
-    span_p10: int = 0  # extra power at 100 %, tenths of a watt (already divided for MIG)
-    gpu_mem_used: int = 0
-    host_mem_used: int = 0
-    key_prefix: str = ""
-    dict_templates: tuple[dict[str, Any], ...] = ()
-    model_templates: tuple[dict[str, Any], ...] = ()
+    devices: tuple[Device, ...] = ()
+    slots: tuple[int, ...] = ()  # per device: its MIG layout slot or replica number (0 for a whole GPU)
+    started: int = 0  # seconds since the fleet's start
+    end_window: int = 0  # the window in which the pod ends
+    sampler: PodSampler | None = None
 
+    @property
+    def finished(self) -> int:
+        return self.started + self.duration
 
-_KIND_ORDER = ("gpu", "cpu", "memory", "storage")
+    @property
+    def gpu_indices(self) -> list[int]:
+        return sorted({device.index for device in self.devices})
 
 
 class SimulatedFleet:
@@ -361,17 +241,24 @@ class SimulatedFleet:
     def __init__(self, config: FleetConfig) -> None:
         self.config = config
         self._rng = random.Random(config.seed)
+        # Telemetry, reclaims and outages draw from streams of their own (a string seed hashes
+        # with SHA-512): a silent node draws no telemetry and leaves the jobs as they would be.
+        self._telemetry = random.Random(f"gpumeter-sim-telemetry/{config.seed}")
+        self._events = random.Random(f"gpumeter-sim-events/{config.seed}")
         self._uid_namespace = uuid.uuid5(uuid.NAMESPACE_URL, f"gpumeter-sim/{config.cluster}/{config.seed}")
         self._tenants = config.tenant_specs
         self._window = config.window
-        self._clock = config.start.astimezone(UTC)
+        self._seconds = config.window_seconds
+        self._origin = config.start.astimezone(UTC)
+        self._clock = self._origin
         self._index = 0
         self._nodes = self._build_nodes()
         self._nodes_by_model: dict[str, list[_Node]] = {}
         for node in self._nodes:
             self._nodes_by_model.setdefault(node.spec.model, []).append(node)
-        self._whole_capacity = self._capacity(mig=False)
-        self._slice_capacity = self._capacity(mig=True)
+        self._whole_capacity = self._capacity("whole")
+        self._mig_capacity = self._capacity("mig")
+        self._shared_capacity = self._capacity("shared")
         self._max_whole = {
             model: max(len(node.free_whole) for node in nodes)
             for model, nodes in self._nodes_by_model.items()
@@ -383,6 +270,10 @@ class SimulatedFleet:
         self._blocked: set[str] = set()
         self._last_blocked: frozenset[str] = frozenset()
         self._evict: list[str] = []
+        self._dirty = False  # capacity freed since the last scheduling pass
+        self._forced_reclaims: dict[str, tuple[int, int]] = {}  # node -> (offset s, downtime windows)
+        self._forced_outages: dict[str, int] = {}  # node -> silent windows
+        self._readings: dict[tuple[str, int, int], Reading] = {}  # immutable, so shared
         self._job_counter = 0
         reserve = config.reserve_after_seconds
         self._reserve_after = None if reserve is None else -(-reserve // config.window_seconds)
@@ -399,41 +290,62 @@ class SimulatedFleet:
         nodes: list[_Node] = []
         for model, count in config.nodes.items():
             spec = GPU_SPECS[model]
-            mig_gpus = config.mig_gpus_per_node.get(model, 0) if spec.mig_profile else 0
             gpus = config.gpus_on(model)
+            shared_nodes = config.time_sliced_nodes.get(model, 0)
             for i in range(count):
                 # Smooth weighted round-robin: interleaves capacity types across the fleet.
                 for kind, weight in mix:
                     current[kind] += weight
                 chosen = max(mix, key=lambda item: current[item[0]])[0]
                 current[chosen] -= total
+                shared = i < shared_nodes
+                mig_gpus = 0 if shared or not spec.mig_layout else config.mig_gpus_per_node.get(model, 0)
                 name = f"{spec.short}-node-{i:02d}"
-                topology = node_topology(
-                    cluster=config.cluster,
-                    node=name,
+                topology = self._topology(name, spec, gpus, mig_gpus, 0)
+                node = _Node(
+                    name=name,
                     spec=spec,
-                    gpus_per_node=gpus,
-                    namespace=self._uid_namespace,
-                    at=self._clock,
+                    capacity_type=chosen,
+                    gpus=gpus,
                     mig_gpus=mig_gpus,
+                    shared=shared,
+                    topology=topology,
+                    links=LinkTable.from_topology(topology),
                 )
-                nodes.append(
-                    _Node(
-                        name=name,
-                        spec=spec,
-                        capacity_type=chosen,
-                        free_whole=list(range(mig_gpus, gpus)),
-                        free_slices=[(g, s) for g in range(mig_gpus) for s in range(spec.mig_slices)],
-                        topology=topology,
-                        links=LinkTable.from_topology(topology),
-                    )
-                )
+                self._reset_free(node)
+                nodes.append(node)
         return nodes
 
-    def _capacity(self, *, mig: bool) -> dict[str, int]:
+    def _topology(self, name: str, spec: GpuSpec, gpus: int, mig_gpus: int, generation: int) -> NodeTopology:
+        return node_topology(
+            cluster=self.config.cluster,
+            node=name,
+            spec=spec,
+            gpus_per_node=gpus,
+            namespace=self._uid_namespace,
+            at=self._clock,
+            mig_gpus=mig_gpus,
+            generation=generation,
+        )
+
+    def _reset_free(self, node: _Node) -> None:
+        if node.shared:
+            node.free_whole, node.free_mig = [], []
+            node.free_replicas = {g: list(range(self.config.time_slice_replicas)) for g in range(node.gpus)}
+            return
+        node.free_whole = list(range(node.mig_gpus, node.gpus))
+        node.free_mig = [(g, s) for g in range(node.mig_gpus) for s in range(len(node.spec.mig_layout))]
+        node.free_replicas = {}
+
+    def _capacity(self, request: Request) -> dict[str, int]:
         capacity: dict[str, int] = {}
         for model, nodes in self._nodes_by_model.items():
-            units = sum(len(n.free_slices) if mig else len(n.free_whole) for n in nodes)
+            if request == "whole":
+                units = sum(len(n.free_whole) for n in nodes)
+            elif request == "mig":
+                units = sum(len(n.free_mig) for n in nodes)
+            else:
+                units = sum(len(r) for n in nodes for r in n.free_replicas.values())
             if units:
                 capacity[model] = units
         return capacity
@@ -455,12 +367,15 @@ class SimulatedFleet:
     def node_capacity_types(self) -> dict[str, CapacityType]:
         return {node.name: node.capacity_type for node in self._nodes}
 
+    def time_sliced_nodes(self) -> list[str]:
+        return [node.name for node in self._nodes if node.shared]
+
     def topology(self) -> list[NodeTopology]:
-        """GPU layout of every node (collectors/sim/hardware.py), as of the fleet's start."""
-        return [node.topology for node in self._nodes]
+        """GPU layout of every node that exists now (a reclaimed spot node has none until it is back)."""
+        return [node.topology for node in self._nodes if not node.gone]
 
     def allocations(self) -> list[NodeAllocation]:
-        """One record per node: the GPU indices each pod running in the last stepped window holds.
+        """One record per node that reported the last stepped window: the GPU indices each pod holds.
 
         ``at`` is the end of that window (the fleet's start before the first step). Pods are
         listed by namespace and name; a node with nothing running has no assignments.
@@ -470,12 +385,13 @@ class SimulatedFleet:
     def allocation_dicts(self) -> list[dict[str, Any]]:
         """Like :meth:`allocations`, JSON-ready (``NodeAllocation.model_dump()`` through JSON).
 
-        A node's assignments are rebuilt only when a pod started or left it, so the
-        per-window cost is one small dict per node.
+        A node's assignments are rebuilt only when a pod started or left it.
         """
         at = self._clock.isoformat()
         records = []
         for node in self._nodes:
+            if not node.reported:
+                continue
             if node.assignments is None:
                 node.assignments = [
                     GpuAssignment(
@@ -483,7 +399,7 @@ class SimulatedFleet:
                         pod=job.pod,
                         pod_uid=job.pod_uid,
                         container=CONTAINER,
-                        gpu_indices=list(job.gpu_indices),
+                        gpu_indices=job.gpu_indices,
                     ).model_dump()
                     for job in sorted(node.jobs.values(), key=lambda j: (j.tenant, j.pod))
                 ]
@@ -510,12 +426,15 @@ class SimulatedFleet:
                     "tenant": job.tenant,
                     "node": job.node.name,
                     "gpu_model": job.model,
-                    "gpus": job.gpus,
-                    "gpu_indices": list(job.gpu_indices),
-                    "mig_profile": job.node.spec.mig_profile if job.mig_slot else None,
+                    "request": job.request,
+                    "gpus": job.gpus if job.request == "whole" else 0,
+                    "gpu_indices": job.gpu_indices,
+                    "device_ids": [device.device_id for device in job.devices],
+                    "mig_profile": job.mig_profile.name if job.mig_profile else None,
                     "capacity_type": job.node.capacity_type,
                     "priority": job.priority,
-                    "started_window": job.end_window - job.duration,
+                    "started": self._origin + timedelta(seconds=job.started),
+                    "ends": self._origin + timedelta(seconds=job.finished),
                 }
             )
         return pods
@@ -537,15 +456,67 @@ class SimulatedFleet:
         else:
             self._blocked.add(tenant)
 
+    def submit(
+        self, tenant: str, *, model: str, duration_seconds: int, request: Request = "whole", gpus: int = 1,
+        mig_profile: str | None = None, priority: int = 0, cpu: Decimal = Decimal(1),
+        memory_gib: Decimal = Decimal(4), ephemeral_gib: Decimal = Decimal(10),
+        pvc_gib: Decimal | None = None,
+    ) -> str:
+        """Queue one job explicitly (tests, scripted scenarios); it is placed at the next step.
+
+        Returns the pod UID. Raises ValueError for a request the fleet cannot describe.
+        """
+        spec = GPU_SPECS.get(model)
+        if spec is None or model not in self._nodes_by_model:
+            raise ValueError(f"no node of model {model!r} in this fleet")
+        profile = None
+        if request == "mig":
+            profile = next((p for p in spec.mig_profiles if p.name == mig_profile), None)
+            if profile is None:
+                raise ValueError(f"{model} has no MIG profile {mig_profile!r} in the simulator")
+        if duration_seconds < 1 or gpus < 1 or (request != "whole" and gpus != 1):
+            raise ValueError("duration_seconds and gpus must be >= 1 (gpus = 1 unless whole GPUs)")
+        self._job_counter += 1
+        number = self._job_counter
+        pvc = None
+        if pvc_gib is not None:
+            pvc = (str(uuid.uuid5(self._uid_namespace, f"pvc/{number}")), f"data-{number:06d}", pvc_gib)
+        job = self._job(
+            number, tenant, "train" if request == "whole" else "notebook", model, request, gpus, profile,
+            duration_seconds, priority, base_util=50, gpu_mem_percent=50, cpu_percent=100,
+            host_mem_percent=50, cpu=cpu, memory_gib=memory_gib, ephemeral_gib=ephemeral_gib, pvc=pvc,
+        )
+        self._queue.append(job)
+        self._queued_per_tenant[tenant] = self._queued_per_tenant.get(tenant, 0) + 1
+        self._dirty = True
+        self.stats.jobs_submitted += 1
+        return job.pod_uid
+
+    def reclaim(self, node_name: str, offset_seconds: int, downtime_windows: int) -> bool:
+        """Reclaim a spot node ``offset_seconds`` into the next window, for ``downtime_windows``
+        windows (the random events do the same; tests call this directly). False when the node
+        is not a spot node that exists and reports."""
+        node = self._node(node_name)
+        if node is None or node.capacity_type != "spot" or node.gone or node.silent_from is not None:
+            return False
+        self._forced_reclaims[node.name] = (offset_seconds, downtime_windows)
+        return True
+
+    def silence(self, node_name: str, windows: int) -> bool:
+        """Stop the node's agent for the next ``windows`` windows (an outage); False if it cannot."""
+        node = self._node(node_name)
+        if node is None or node.gone or node.silent_from is not None or windows < 1:
+            return False
+        self._forced_outages[node.name] = windows
+        return True
+
     def step(self) -> list[UsageSample]:
-        """Advance one window; validated samples for every running pod."""
-        start, end, records = self._advance()
-        return self._models(start, end, records)
+        """Advance one window; validated samples of every node that reports it."""
+        return [UsageSample.model_validate(sample) for sample in self.step_dicts()]
 
     def step_dicts(self) -> list[dict[str, Any]]:
         """Advance one window; JSON-ready dicts (the same samples :meth:`step` would give)."""
-        start, end, records = self._advance()
-        return self._dicts(start, end, records)
+        return self._advance()
 
     def windows(self) -> Iterator[tuple[datetime, list[UsageSample]]]:
         """(window start, samples) until ``config.end`` (forever when it is None)."""
@@ -562,46 +533,120 @@ class SimulatedFleet:
     def _more(self) -> bool:
         return self.config.end is None or self._clock < self.config.end
 
+    def _node(self, name: str) -> _Node | None:
+        return next((node for node in self._nodes if node.name == name), None)
+
     # ------------------------------------------------------------------ simulation
 
-    def _advance(self) -> tuple[datetime, datetime, list[tuple[_Job, int, int]]]:
+    def _advance(self) -> list[dict[str, Any]]:
         index = self._index
         start = self._clock
         end = start + self._window
-        changed = False
+
+        self._restore_nodes(index)
+        for pod_uid in self._evict:
+            job_or_none = self._running.get(pod_uid)
+            if job_or_none is not None:
+                self._remove(job_or_none)
+                self.stats.jobs_evicted += 1
+        self._evict.clear()
+        submitted = self._submit(index, start)
+        if submitted or self._dirty or self._blocked_changed():
+            self._dirty = False
+            self._schedule(index)
+        self._events_for(index)
+
+        out: list[dict[str, Any]] = []
+        start_iso, end_iso = start.isoformat(), end.isoformat()
+        for node in self._nodes:
+            node.reported = self._reports(node, index)
+            if node.reported:
+                if node.jobs:
+                    out.extend(self._node_window(node, index, start_iso, end_iso))
+                if node.silent_until == index and node.silent_from is not None:
+                    out.extend(self._backfill(node, index))
+                    node.silent_from = None
 
         for job in self._ends.pop(index, ()):
-            if self._running.pop(job.pod_uid, None) is not None:
-                self._release(job)
+            if self._running.get(job.pod_uid) is job:
+                self._remove(job)
                 self.stats.jobs_finished += 1
-                changed = True
-        for pod_uid in self._evict:
-            job_or_none = self._running.pop(pod_uid, None)
-            if job_or_none is not None:
-                self._release(job_or_none)
-                self.stats.jobs_evicted += 1
-                changed = True
-        self._evict.clear()
-
-        changed = self._submit(index, start) or changed
-        if changed or self._blocked_changed():
-            self._schedule(index)
-
-        rng_random = self._rng.random
-        records: list[tuple[_Job, int, int]] = []
-        for job in self._running.values():
-            pct = job.base_util + int(rng_random() * 13) - 6
-            pct = 0 if pct < 0 else 100 if pct > 100 else pct
-            p10 = job.idle_p10 + job.span_p10 * pct // 100
-            records.append((job, pct, p10))
 
         self._index = index + 1
         self._clock = end
         self.stats.windows += 1
-        self.stats.samples += 4 * len(records)
+        self.stats.samples += len(out)
         self.stats.running = len(self._running)
         self.stats.queued = len(self._queue)
-        return start, end, records
+        return out
+
+    def _reports(self, node: _Node, index: int) -> bool:
+        if node.gone:
+            return False
+        return node.silent_from is None or index >= node.silent_until
+
+    def _restore_nodes(self, index: int) -> None:
+        for node in self._nodes:
+            if node.back_at is not None and node.back_at <= index:
+                node.back_at = None
+                node.generation += 1
+                node.topology = self._topology(
+                    node.name, node.spec, node.gpus, node.mig_gpus, node.generation
+                )
+                node.links = LinkTable.from_topology(node.topology)
+                self._reset_free(node)
+                node.assignments = None
+                self._dirty = True
+
+    def _events_for(self, index: int) -> None:
+        """Spot reclaims and agent outages starting in window ``index`` (module docstring)."""
+        config = self.config
+        rng = self._events
+        reclaim_p = config.spot_reclaims_per_day * self._seconds / DAY_SECONDS
+        outage_p = config.agent_outages_per_day * self._seconds / DAY_SECONDS
+        forced_reclaims, self._forced_reclaims = self._forced_reclaims, {}
+        forced_outages, self._forced_outages = self._forced_outages, {}
+        for node in self._nodes:
+            if node.gone or node.silent_from is not None:
+                continue
+            if node.name in forced_reclaims:
+                offset, downtime = forced_reclaims[node.name]
+                self._reclaim_node(node, index, offset, downtime)
+                continue
+            if node.name in forced_outages:
+                self._silence_node(node, index, forced_outages[node.name])
+                continue
+            if node.capacity_type == "spot" and reclaim_p > 0 and rng.random() < reclaim_p:
+                offset = rng.randint(1, self._seconds - 1) if self._seconds > 1 else 0
+                minutes = rng.uniform(*config.spot_downtime_minutes)
+                self._reclaim_node(node, index, offset, self._windows_of(minutes))
+            elif outage_p > 0 and rng.random() < outage_p:
+                self._silence_node(node, index, self._windows_of(rng.uniform(*config.agent_outage_minutes)))
+
+    def _windows_of(self, minutes: float) -> int:
+        return max(1, round(minutes * 60.0 / self._seconds))
+
+    def _reclaim_node(self, node: _Node, index: int, offset: int, downtime: int) -> None:
+        """The provider takes the machine ``offset`` seconds into window ``index``: its pods end
+        then, unreported (the agent dies with the node), and are recreated as new pods."""
+        moment = index * self._seconds + offset
+        for job in list(node.jobs.values()):
+            self._remove(job)
+            remaining = job.finished - moment
+            if remaining > 0:
+                self.stats.jobs_reclaimed += 1
+                self._resubmit(job, remaining, index)
+            else:
+                self.stats.jobs_finished += 1  # it had ended just before the machine went
+        node.back_at = index + max(1, downtime)
+        node.assignments = None
+        self.stats.spot_reclaims += 1
+        self.stats.windows_unreported += max(1, downtime)
+
+    def _silence_node(self, node: _Node, index: int, windows: int) -> None:
+        node.silent_from = index
+        node.silent_until = index + windows
+        self.stats.agent_outages += 1
 
     def _blocked_changed(self) -> bool:
         current = frozenset(self._blocked)
@@ -612,10 +657,8 @@ class SimulatedFleet:
 
     def _submit(self, index: int, start: datetime) -> bool:
         rng = self._rng
-        hours = self.config.window_seconds / 3600.0
-        factor = 1.0
-        if self.config.diurnal:
-            factor = arrival_factor(start, self.config.start)
+        hours = self._seconds / 3600.0
+        factor = arrival_factor(start, self.config.start) if self.config.diurnal else 1.0
         submitted = False
         for tenant in self._tenants:
             count = _poisson(rng, tenant.arrivals_per_hour * hours * factor)
@@ -632,17 +675,23 @@ class SimulatedFleet:
                 submitted = True
         return submitted
 
+    def _request(self, rng: random.Random, tenant: TenantSpec) -> Request:
+        draw = rng.random()
+        if draw < tenant.mig_share and self._mig_capacity:
+            return "mig"
+        if draw < tenant.mig_share + tenant.shared_share and self._shared_capacity:
+            return "shared"
+        if self._whole_capacity:
+            return "whole"
+        return "mig" if self._mig_capacity else "shared"
+
     def _new_job(self, tenant: TenantSpec) -> _Job:
         rng = self._rng
         inference = rng.random() < tenant.inference_share
-        mig = rng.random() < tenant.mig_share and bool(self._slice_capacity)
-        if not mig and not self._whole_capacity:
-            mig = bool(self._slice_capacity)
-        if mig:
-            model = _weighted(rng, self._slice_capacity)
-            spec = GPU_SPECS[model]
-            gpus = 0
-        else:
+        request = self._request(rng, tenant)
+        profile: MigProfile | None = None
+        gpus = 1
+        if request == "whole":
             model = _weighted(rng, self._whole_capacity)
             spec = GPU_SPECS[model]
             # Never ask for more whole GPUs than one node of the model has.
@@ -653,41 +702,63 @@ class SimulatedFleet:
                 if size <= largest and weight > 0
             }
             gpus = _weighted(rng, weights) if weights else max(s for s in WHOLE_SIZES if s <= largest)
-        workload = "infer" if inference else "notebook" if mig else "train"
-        low, high = DURATION_MINUTES[workload]
-        minutes = math.exp(rng.uniform(math.log(low), math.log(high)))
-        duration = max(1, round(minutes * 60.0 / self.config.window_seconds))
-        priority = _weighted(rng, tenant.priorities or self.config.priorities)
-        base_util = rng.randint(*BASE_UTILIZATION[workload])
-        gpu_mem_percent = rng.randint(*GPU_MEMORY_PERCENT[workload])
-        if mig:
-            cpu = rng.choice(MIG_CPU_CORES)
-            memory = rng.choice(MIG_MEMORY_GIB)
+        elif request == "mig":
+            model = _weighted(rng, self._mig_capacity)
+            spec = GPU_SPECS[model]
+            profile = _weighted(rng, {p: MIG_PROFILE_WEIGHTS.get(p.slices, 0.1) for p in spec.mig_profiles})
         else:
+            model = _weighted(rng, self._shared_capacity)
+            spec = GPU_SPECS[model]
+        workload = "infer" if inference else "train" if request == "whole" else "notebook"
+        low, high = DURATION_MINUTES[workload]
+        duration = max(1, round(math.exp(rng.uniform(math.log(low), math.log(high))) * 60.0))
+        priority = _weighted(rng, tenant.priorities or self.config.priorities)
+        if request == "whole":
             share = rng.randint(2, 4)
             cpu = Decimal(max(1, gpus * spec.host_cores_per_gpu * share // 4))
             memory = Decimal(max(1, gpus * spec.host_memory_gib_per_gpu * share // 4))
-        storage = Decimal(rng.choice(STORAGE_GIB))
+        else:
+            cpu = rng.choice(SMALL_CPU_CORES)
+            memory = rng.choice(SMALL_MEMORY_GIB)
         self._job_counter += 1
         number = self._job_counter
+        pvc = None
+        if workload != "notebook" and rng.random() < PVC_SHARE:
+            claim_uid = str(uuid.uuid5(self._uid_namespace, f"pvc/{number}"))
+            pvc = (claim_uid, f"data-{number:06d}", Decimal(rng.choice(PVC_GIB)))
+        return self._job(
+            number, tenant.name, workload, model, request, gpus, profile, duration, priority,
+            base_util=rng.randint(*BASE_UTILIZATION[workload]),
+            gpu_mem_percent=rng.randint(*GPU_MEMORY_PERCENT[workload]),
+            cpu_percent=rng.randint(*CPU_PERCENT),
+            host_mem_percent=rng.randint(*HOST_MEMORY_PERCENT),
+            cpu=cpu, memory_gib=memory, ephemeral_gib=Decimal(rng.choice(EPHEMERAL_GIB)), pvc=pvc,
+        )
+
+    def _job(
+        self, number: int, tenant: str, workload: str, model: str, request: Request, gpus: int,
+        profile: MigProfile | None, duration: int, priority: int, **host: Any,
+    ) -> _Job:
         pod_uid = str(uuid.uuid5(self._uid_namespace, f"job/{number}"))
         return _Job(
-            number=number,
-            tenant=tenant.name,
-            workload=workload,
-            model=model,
-            gpus=gpus,
-            duration=duration,
-            priority=priority,
-            base_util=base_util,
-            gpu_mem_percent=gpu_mem_percent,
-            cpu=cpu,
-            memory_gib=memory,
-            storage_gib=storage,
-            pod=f"{workload}-{number:06d}-{pod_uid[:5]}",
-            pod_uid=pod_uid,
-            submitted=self._index,
+            number=number, tenant=tenant, workload=workload, model=model, request=request, gpus=gpus,
+            mig_profile=profile, duration=duration, priority=priority,
+            pod=f"{workload}-{number:06d}-{pod_uid[:5]}", pod_uid=pod_uid, submitted=self._index, **host,
         )
+
+    def _resubmit(self, job: _Job, remaining: int, index: int) -> None:
+        """The pod's controller recreates it: a new pod (name, UID) for the rest of the run, same volume."""
+        self._job_counter += 1
+        copy = self._job(
+            self._job_counter, job.tenant, job.workload, job.model, job.request, job.gpus, job.mig_profile,
+            remaining, job.priority, base_util=job.base_util, gpu_mem_percent=job.gpu_mem_percent,
+            cpu_percent=job.cpu_percent, host_mem_percent=job.host_mem_percent, cpu=job.cpu,
+            memory_gib=job.memory_gib, ephemeral_gib=job.ephemeral_gib, pvc=job.pvc,
+        )
+        copy.submitted = index
+        self._queue.append(copy)
+        self._queued_per_tenant[copy.tenant] += 1
+        self._dirty = True
 
     def _schedule(self, index: int) -> None:
         waiting: list[_Job] = []
@@ -697,180 +768,168 @@ class SimulatedFleet:
             if job.tenant in self._blocked:
                 waiting.append(job)
                 continue
-            whole = job.gpus > 0
+            whole = job.request == "whole"
             if (whole and job.model in reserved) or not self._place(job):
                 if whole and reserve_after is not None and index - job.submitted >= reserve_after:
                     reserved.add(job.model)
                 waiting.append(job)
                 continue
             self._queued_per_tenant[job.tenant] -= 1
-            job.end_window = index + job.duration
+            job.started = index * self._seconds
+            job.end_window = (job.finished - 1) // self._seconds
             self._ends.setdefault(job.end_window, []).append(job)
             self._running[job.pod_uid] = job
-            assert job.node is not None
-            job.node.jobs[job.pod_uid] = job
-            job.node.assignments = None
-            self._prepare(job)
+            node = job.node
+            assert node is not None
+            node.jobs[job.pod_uid] = job
+            node.assignments = None
+            identity = PodIdentity(
+                job.tenant, job.tenant, job.pod, job.pod_uid, node.capacity_type, job.priority
+            )
+            job.sampler = PodSampler(
+                self.config.cluster, node.name, node.spec.model, identity, job.devices, cpu_request=job.cpu,
+                memory_request=int(job.memory_gib * GIB), ephemeral_gib=job.ephemeral_gib, pvc=job.pvc,
+            )
             self.stats.jobs_started += 1
         self._queue = waiting
 
     def _place(self, job: _Job) -> bool:
         for node in self._nodes_by_model.get(job.model, ()):
-            if job.gpus == 0:
-                if node.free_slices:
-                    job.node = node
-                    job.mig_slot = node.free_slices.pop(0)
-                    job.gpu_indices = (job.mig_slot[0],)
-                    return True
-            elif len(node.free_whole) >= job.gpus:
-                chosen = best_free_set(node.free_whole, job.gpus, node.links)
-                assert chosen is not None  # enough GPUs are free
+            if node.gone:
+                continue
+            placed = self._devices_on(node, job)
+            if placed is not None:
                 job.node = node
-                job.gpu_indices = chosen
-                node.free_whole = [g for g in node.free_whole if g not in chosen]
+                job.devices, job.slots = placed
                 return True
         return False
 
-    def _release(self, job: _Job) -> None:
+    def _devices_on(self, node: _Node, job: _Job) -> tuple[tuple[Device, ...], tuple[int, ...]] | None:
+        """Take the devices the device plugin would hand ``job`` on ``node``; None if they are not free."""
+        spec, ns, gen = node.spec, self._uid_namespace, node.generation
+        if job.request == "whole":
+            if len(node.free_whole) < job.gpus:
+                return None
+            chosen = best_free_set(node.free_whole, job.gpus, node.links)
+            assert chosen is not None  # enough GPUs are free
+            node.free_whole = [g for g in node.free_whole if g not in chosen]
+            devices = tuple(
+                Device(g, u, u, "whole", ONE, spec.memory_bytes)
+                for g in chosen
+                for u in (gpu_uuid(ns, node.name, g, gen),)
+            )
+            return devices, (0,) * len(devices)
+        if job.request == "mig":
+            assert job.mig_profile is not None
+            for gpu, slot in node.free_mig:
+                profile = spec.mig_layout[slot]
+                if profile.name == job.mig_profile.name:
+                    node.free_mig.remove((gpu, slot))
+                    u = mig_uuid(ns, node.name, gpu, slot, gen)
+                    share = Decimal(profile.slices) / Decimal(spec.mig_slices)
+                    return (Device(gpu, u, u, "mig", share, profile.memory_gb * GIB, profile.name),), (slot,)
+            return None
+        if not node.free_replicas:
+            return None
+        # The GPU with the most free replicas (the fewest pods), lowest index on a tie.
+        gpu = max(node.free_replicas, key=lambda g: (len(node.free_replicas[g]), -g))
+        if not node.free_replicas[gpu]:
+            return None
+        replica = node.free_replicas[gpu].pop(0)
+        replicas = self.config.time_slice_replicas
+        u = gpu_uuid(ns, node.name, gpu, gen)
+        share = ONE / Decimal(replicas)
+        device = Device(gpu, f"{u}::{replica}", u, "shared", share, spec.memory_bytes // replicas)
+        return (device,), (replica,)
+
+    def _remove(self, job: _Job) -> None:
+        self._running.pop(job.pod_uid, None)
         node = job.node
         assert node is not None
         node.jobs.pop(job.pod_uid, None)
         node.assignments = None
-        if job.mig_slot is not None:
-            node.free_slices.append(job.mig_slot)
-            node.free_slices.sort()
-        else:
-            node.free_whole.extend(job.gpu_indices)
-            node.free_whole.sort()
+        self._dirty = True
+        if node.gone:
+            return
+        for device, slot in zip(job.devices, job.slots, strict=True):
+            if device.kind == "whole":
+                node.free_whole.append(device.index)
+            elif device.kind == "mig":
+                node.free_mig.append((device.index, slot))
+            else:
+                node.free_replicas[device.index].append(slot)
+                node.free_replicas[device.index].sort()
+        node.free_whole.sort()
+        node.free_mig.sort()
 
-    # ------------------------------------------------------------------ sample shapes
+    # ------------------------------------------------------------------ samples
 
-    def _prepare(self, job: _Job) -> None:
-        """Per-pod constants: power model and the four sample templates (dict and model)."""
-        node = job.node
-        assert node is not None
-        spec = node.spec
-        mig = job.mig_slot is not None
-        gpu_units = 1 if mig else job.gpus
-        idle = spec.idle_watts * 10 * gpu_units
-        span = (spec.tdp_watts - spec.idle_watts) * 10 * gpu_units
-        if mig:
-            idle //= spec.mig_slices
-            span //= spec.mig_slices
-            gpu_memory = spec.memory_bytes // 8 * job.gpu_mem_percent // 100
-        else:
-            gpu_memory = spec.memory_bytes * job.gpus * job.gpu_mem_percent // 100
-        job.idle_p10 = idle
-        job.span_p10 = span
-        job.gpu_mem_used = gpu_memory
-        job.host_mem_used = int(job.memory_gib * GIB) * job.gpu_mem_percent // 100
-        job.key_prefix = f"{self.config.cluster}|{node.name}|{job.pod_uid}|"
-
-        base_labels = {
-            SOURCE_LABEL: "simulated",
-            JOB_LABEL: f"job-{job.number:06d}",
-            WORKLOAD_LABEL: job.workload,
-        }
-        gpu_labels = dict(base_labels)
-        gpu_labels[GPUS_LABEL] = ",".join(str(i) for i in job.gpu_indices)
-        if job.mig_slot is not None:
-            gpu_labels[MIG_SLICE_LABEL] = str(job.mig_slot[1])
-        quantities = {
-            "gpu": gpu_share(1, spec.mig_slices) if mig else Decimal(job.gpus),
-            "cpu": job.cpu,
-            "memory": job.memory_gib,
-            "storage": job.storage_gib,
-        }
-        model_templates = []
-        dict_templates = []
-        for kind in _KIND_ORDER:
-            is_gpu = kind == "gpu"
-            template: dict[str, Any] = {
-                "event_id": "",
-                "kind": kind,
-                "cluster": self.config.cluster,
-                "node": node.name,
-                "tenant": job.tenant,
-                "namespace": job.tenant,
-                "pod": job.pod,
-                "pod_uid": job.pod_uid,
-                "window_start": None,
-                "window_end": None,
-                "quantity": quantities[kind],
-                "gpu_model": spec.model if is_gpu else None,
-                "mig_profile": spec.mig_profile if is_gpu and mig else None,
-                "capacity_type": node.capacity_type,
-                "priority": job.priority,
-                "utilization": None,
-                "memory_used_bytes": Decimal(job.host_mem_used) if kind == "memory" else None,
-                "power_watts": None,
-                "energy_joules": None,
-                "labels": gpu_labels if is_gpu else base_labels,
-            }
-            model_templates.append(template)
-            as_json = {
-                key: (str(value) if isinstance(value, Decimal) else value) for key, value in template.items()
-            }
-            dict_templates.append(as_json)
-        job.model_templates = tuple(model_templates)
-        job.dict_templates = tuple(dict_templates)
-
-    def _event_ids(self, job: _Job, start_iso: str) -> tuple[str, str, str, str]:
-        prefix = job.key_prefix
-        suffix = "|" + start_iso
-        sha = hashlib.sha256
-        return (
-            "gpu-" + sha(f"{prefix}gpu{suffix}".encode()).hexdigest()[:32],
-            "cpu-" + sha(f"{prefix}cpu{suffix}".encode()).hexdigest()[:32],
-            "memory-" + sha(f"{prefix}memory{suffix}".encode()).hexdigest()[:32],
-            "storage-" + sha(f"{prefix}storage{suffix}".encode()).hexdigest()[:32],
-        )
-
-    def _dicts(
-        self, start: datetime, end: datetime, records: list[tuple[_Job, int, int]]
-    ) -> list[dict[str, Any]]:
-        start_iso = start.isoformat()
-        end_iso = end.isoformat()
-        seconds = self.config.window_seconds
+    def _node_window(self, node: _Node, index: int, start_iso: str, end_iso: str) -> list[dict[str, Any]]:
+        """What the node's agent reports for window ``index``: every pod on it, telemetry included."""
+        begin, finish = index * self._seconds, (index + 1) * self._seconds
+        jobs = list(node.jobs.values())
+        # Pods per device in this window: a time-sliced GPU's telemetry is the GPU's, not one pod's.
+        holders: dict[str, int] = {}
+        for job in jobs:
+            for device in job.devices:
+                holders[device.uuid] = holders.get(device.uuid, 0) + 1
+        rng_random = self._telemetry.random
         out: list[dict[str, Any]] = []
-        append = out.append
-        for job, pct, p10 in records:
-            ids = self._event_ids(job, start_iso)
-            for i, template in enumerate(job.dict_templates):
-                sample = template.copy()
-                sample["event_id"] = ids[i]
-                sample["window_start"] = start_iso
-                sample["window_end"] = end_iso
-                sample["labels"] = template["labels"].copy()
-                if i == 0:
-                    energy = p10 * seconds
-                    sample["utilization"] = _UTIL_STRINGS[pct]
-                    sample["memory_used_bytes"] = str(job.gpu_mem_used)
-                    sample["power_watts"] = f"{p10 // 10}.{p10 % 10}"
-                    sample["energy_joules"] = f"{energy // 10}.{energy % 10}"
-                append(sample)
+        for job in jobs:
+            assert job.sampler is not None
+            fraction = held_fraction(job.started, job.finished, begin, finish)
+            readings = []
+            for device in job.devices:
+                pct = job.base_util + int(rng_random() * 13) - 6
+                pct = 0 if pct < 0 else 100 if pct > 100 else pct
+                readings.append(self._reading(node, job, device, pct, holders[device.uuid] == 1))
+            cpu_pct = max(1, job.cpu_percent + int(rng_random() * 11) - 5)
+            mem_pct = min(100, max(1, job.host_mem_percent + int(rng_random() * 7) - 3))
+            usage = HostUsage(job.cpu * cpu_pct / 100, int(job.memory_gib * GIB) * mem_pct // 100)
+            out.extend(job.sampler.window(start_iso, end_iso, fraction, readings, usage))
         return out
 
-    def _models(
-        self, start: datetime, end: datetime, records: list[tuple[_Job, int, int]]
-    ) -> list[UsageSample]:
-        start_iso = start.isoformat()
-        seconds = self.config.window_seconds
-        out: list[UsageSample] = []
-        append = out.append
-        for job, pct, p10 in records:
-            ids = self._event_ids(job, start_iso)
-            for i, template in enumerate(job.model_templates):
-                fields = template.copy()
-                fields["event_id"] = ids[i]
-                fields["window_start"] = start
-                fields["window_end"] = end
-                if i == 0:
-                    fields["utilization"] = _UTIL_DECIMALS[pct]
-                    fields["memory_used_bytes"] = Decimal(job.gpu_mem_used)
-                    fields["power_watts"] = Decimal(p10).scaleb(-1)
-                    fields["energy_joules"] = Decimal(p10 * seconds).scaleb(-1)
-                append(UsageSample.model_validate(fields))
+    def _reading(self, node: _Node, job: _Job, device: Device, pct: int, exclusive: bool) -> Reading:
+        """NVML's view of the device (collectors/sim/samples.py): MIG and shared GPUs have memory only."""
+        memory = device.memory_bytes * job.gpu_mem_percent // 100
+        key = (node.spec.model, memory, pct if exclusive and device.kind != "mig" else -1)
+        cached = self._readings.get(key)
+        if cached is not None:
+            return cached
+        memory_text = f"{memory}.000000"
+        if key[2] < 0:
+            reading = Reading(memory_used_bytes=memory_text)
+        else:
+            spec = node.spec
+            p10 = spec.idle_watts * 10 + (spec.tdp_watts - spec.idle_watts) * pct // 10  # tenths of a watt
+            energy = p10 * self._seconds
+            reading = Reading(
+                utilization=_UTIL_TEXT[pct],
+                memory_used_bytes=memory_text,
+                power_watts=f"{p10 // 10}.{p10 % 10}00000",
+                energy_joules=f"{energy // 10}.{energy % 10}00000",
+            )
+        self._readings[key] = reading
+        return reading
+
+    def _backfill(self, node: _Node, index: int) -> list[dict[str, Any]]:
+        """The returning agent's backfill: the last ``max_backfill_windows`` missed windows, from the
+        pods on the node now, each from its start; quantities at the requests, no telemetry."""
+        assert node.silent_from is not None
+        missed = index - node.silent_from
+        recent = min(missed, self.config.max_backfill_windows)
+        self.stats.windows_unreported += missed - recent
+        self.stats.windows_backfilled += recent
+        out: list[dict[str, Any]] = []
+        for window in range(index - recent, index):
+            start = self._origin + timedelta(seconds=window * self._seconds)
+            start_iso, end_iso = start.isoformat(), (start + self._window).isoformat()
+            begin, finish = window * self._seconds, (window + 1) * self._seconds
+            for job in node.jobs.values():
+                assert job.sampler is not None
+                fraction = held_fraction(job.started, job.finished, begin, finish)
+                if fraction > 0:
+                    out.extend(job.sampler.window(start_iso, end_iso, fraction, None, HostUsage(), True))
         return out
 
 

@@ -5,7 +5,10 @@ drive simulated telemetry only and are never presented as NVML readings.
 
 Layouts (contract 8, the classes ``nvidia-smi topo -m`` prints):
 
-* H100 SXM (HGX/DGX H100): 8 GPUs, 18 NVLinks each into 4 NVSwitches: every pair ``NV18``.
+* H100 SXM (HGX/DGX H100) and H200 SXM (HGX H200, the same baseboard): 8 GPUs, 18 NVLinks each
+  into 4 NVSwitches: every pair ``NV18``.
+* B200 (HGX B200): 8 GPUs, 18 fifth-generation NVLinks each into 2 NVSwitch chips: every pair
+  ``NV18``.
 * A100 SXM (HGX/DGX A100 8-GPU): 12 NVLinks per GPU into 6 NVSwitches: every pair ``NV12``,
   as a DGX A100 reports it. (The 4-GPU HGX A100 board links GPUs directly, NV4 per pair;
   the simulator models the 8-GPU board.)
@@ -17,6 +20,17 @@ Layouts (contract 8, the classes ``nvidia-smi topo -m`` prints):
 
 :class:`PcieLayout` describes the PCIe-only boards and also yields ``PXB`` (leaf switches
 under one upstream switch) for layouts that have it.
+
+MIG (the profiles of NVIDIA's MIG user guide; every one of these boards has 7 compute slices):
+a partitioned GPU is split by the ``all-balanced`` layout of nvidia-mig-parted, two 1-slice,
+one 2-slice and one 3-slice instance (A100-40GB: ``1g.5gb`` x2, ``2g.10gb``, ``3g.20gb``; H100-80GB:
+``1g.10gb`` x2, ``2g.20gb``, ``3g.40gb``; H200: ``1g.18gb``/``2g.35gb``/``3g.71gb``; B200:
+``1g.23gb``/``2g.45gb``/``3g.90gb``). A MIG device's share of its GPU is its compute slices / 7,
+as the node agent bills it.
+
+Model names are the rate-card names the node agent derives from NVML product names
+(collectors/agent/nvml_source.py ``_KNOWN_MODELS``); ``B200-SXM-180GB`` is not in that table yet
+(the agent would name a B200 ``B200-179GB`` from its memory size): see the sim-fleet notes.
 """
 
 from __future__ import annotations
@@ -70,6 +84,15 @@ class PcieLayout:
 
 
 @dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One MIG profile: NVML's name, the compute slices it holds, its memory."""
+
+    name: str
+    slices: int
+    memory_gb: int
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSpec:
     """Static facts about one GPU model as the simulator uses them."""
 
@@ -81,10 +104,25 @@ class GpuSpec:
     host_cores_per_gpu: int  # CPU cores a whole-GPU pod typically requests per GPU
     host_memory_gib_per_gpu: int  # host memory a whole-GPU pod typically requests per GPU
     nvlink: str | None  # link class between every GPU pair ("NV18"), or None for PCIe-only boards
-    mig_profile: str | None = None  # the one MIG profile the simulator partitions this model into
-    mig_slices: int = 0  # slices of ``mig_profile`` per partitioned GPU
+    # A partitioned GPU's MIG devices (the all-balanced layout), smallest first; () = no MIG.
+    mig_layout: tuple[MigProfile, ...] = ()
+    mig_slices: int = 0  # compute slices of the whole GPU (the denominator of a MIG share)
     pcie: PcieLayout | None = None  # PCIe-only boards: where the GPUs sit (None with NVLink)
     board_gpus: int | None = None  # GPUs per node when fixed by the server type; None: the fleet's
+
+    @property
+    def mig_profiles(self) -> tuple[MigProfile, ...]:
+        """The distinct profiles of the layout, smallest first."""
+        seen: dict[str, MigProfile] = {}
+        for profile in self.mig_layout:
+            seen.setdefault(profile.name, profile)
+        return tuple(seen.values())
+
+
+def balanced(small: int, medium: int, large: int) -> tuple[MigProfile, ...]:
+    """nvidia-mig-parted's ``all-balanced``: 2 x 1g, 1 x 2g, 1 x 3g (7 compute slices)."""
+    one = MigProfile(f"1g.{small}gb", 1, small)
+    return (one, one, MigProfile(f"2g.{medium}gb", 2, medium), MigProfile(f"3g.{large}gb", 3, large))
 
 
 # L40S: dual socket, one PCIe switch (two GPUs) per NUMA node, two NUMA nodes per socket.
@@ -95,8 +133,10 @@ L4_LAYOUT = PcieLayout(gpus_per_switch=2, switches_per_tree=1, trees_per_numa=2)
 GPU_SPECS: dict[str, GpuSpec] = {
     spec.model: spec
     for spec in (
-        GpuSpec("H100-SXM-80GB", "h100", 700, 75, 80 * GIB, 24, 240, "NV18", "1g.10gb", 7),
-        GpuSpec("A100-SXM-40GB", "a100", 400, 55, 40 * GIB, 16, 120, "NV12", "1g.5gb", 7),
+        GpuSpec("H100-SXM-80GB", "h100", 700, 75, 80 * GIB, 24, 240, "NV18", balanced(10, 20, 40), 7),
+        GpuSpec("H200-SXM-141GB", "h200", 700, 80, 141 * GIB, 24, 240, "NV18", balanced(18, 35, 71), 7),
+        GpuSpec("B200-SXM-180GB", "b200", 1000, 120, 180 * GIB, 28, 256, "NV18", balanced(23, 45, 90), 7),
+        GpuSpec("A100-SXM-40GB", "a100", 400, 55, 40 * GIB, 16, 120, "NV12", balanced(5, 10, 20), 7),
         GpuSpec("L40S-48GB", "l40s", 350, 35, 48 * GIB, 12, 96, None, pcie=L40S_LAYOUT),
         GpuSpec("L4-24GB", "l4", 72, 16, 24 * GIB, 12, 48, None, pcie=L4_LAYOUT, board_gpus=4),
     )
@@ -105,9 +145,19 @@ GPU_SPECS: dict[str, GpuSpec] = {
 NVLINK_NUMA_NODES = 2  # SXM boards: the first half of the GPUs on NUMA node 0, the rest on 1
 
 
-def gpu_uuid(namespace: uuid.UUID, node: str, index: int) -> str:
+def _host(node: str, generation: int) -> str:
+    # A reclaimed spot node comes back under its name on another machine: other GPUs, other UUIDs.
+    return node if generation == 0 else f"{node}#{generation}"
+
+
+def gpu_uuid(namespace: uuid.UUID, node: str, index: int, generation: int = 0) -> str:
     """Stable NVML-style UUID string for a simulated GPU."""
-    return f"GPU-{uuid.uuid5(namespace, f'gpu/{node}/{index}')}"
+    return f"GPU-{uuid.uuid5(namespace, f'gpu/{_host(node, generation)}/{index}')}"
+
+
+def mig_uuid(namespace: uuid.UUID, node: str, index: int, slot: int, generation: int = 0) -> str:
+    """Stable NVML-style UUID of MIG device ``slot`` of GPU ``index`` (what the kubelet hands out)."""
+    return f"MIG-{uuid.uuid5(namespace, f'mig/{_host(node, generation)}/{index}/{slot}')}"
 
 
 def pair_link(spec: GpuSpec, a: int, b: int) -> str:
@@ -132,6 +182,7 @@ def node_topology(
     namespace: uuid.UUID,
     at: datetime,
     mig_gpus: int = 0,
+    generation: int = 0,
 ) -> NodeTopology:
     """The GPU layout of one simulated node (module docstring).
 
@@ -141,7 +192,7 @@ def node_topology(
     gpus = [
         GpuDevice(
             index=i,
-            uuid=gpu_uuid(namespace, node, i),
+            uuid=gpu_uuid(namespace, node, i, generation),
             model=spec.model,
             nvlink_peers=[j for j in indices if j != i] if spec.nvlink else [],
             numa_node=numa_node(spec, i, gpus_per_node),

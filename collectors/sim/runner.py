@@ -1,8 +1,9 @@
 """`gpumeter collect --source simulated`: publish the simulated fleet's records to Kafka.
 
 Per window: the samples (key = tenant, multi-sample records) and one ``NodeAllocation`` per
-node (compacted topic, key = node). Each node's ``NodeTopology`` goes out once, and again only
-when it changes (compacted topic, key = node).
+node that reported the window (compacted topic, key = node). Each node's ``NodeTopology`` goes
+out once, and again only when it changes (compacted topic, key = node): a reclaimed spot node
+comes back on another machine, with other GPU UUIDs.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class FleetPublisher:
         for key, record, _count in batcher.drain():
             self.producer.send(self.samples_topic, key=key, value=record)
         self.published += len(samples)
+        self.publish_topology()  # a reclaimed spot node back on a new machine: its new layout first
         for allocation in self.fleet.allocation_dicts():
             self.producer.send(self.allocation_topic, key=allocation["node"].encode(),
                                value=jsonio.dumpb(allocation))

@@ -40,6 +40,7 @@ class DemoStats:
     dead: int = 0
     fleet_clock: datetime | None = None
     spend: dict[str, Decimal] = field(default_factory=dict)
+    fleet_events: dict[str, int] = field(default_factory=dict)  # the simulated fleet's realism events
 
 
 def progress_view(stats: DemoStats, started: float, stage: str) -> Group:
@@ -86,9 +87,14 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
         schema.migrate(client)
     out_dir.mkdir(parents=True, exist_ok=True)
     worker = WorkerProcess(settings, out_dir / "worker.log").start()
+    # Every model, MIG on A100 and H100, time-sliced L4s; spot reclaims and agent outages
+    # (backfilled) a little more often than the defaults, so a short run shows them.
     fleet = SimulatedFleet(FleetConfig(
         seed=7, window_seconds=600,
-        nodes={"H100-SXM-80GB": 12, "A100-SXM-40GB": 4, "L40S-48GB": 4},
+        nodes={"H100-SXM-80GB": 10, "H200-SXM-141GB": 2, "B200-SXM-180GB": 2, "A100-SXM-40GB": 4,
+               "L40S-48GB": 3, "L4-24GB": 3},
+        time_sliced_nodes={"L4-24GB": 2},
+        spot_reclaims_per_day=1.0, agent_outages_per_day=0.3,
     ))
     publisher = FleetPublisher(settings, fleet)
     stats = DemoStats()
@@ -128,6 +134,13 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
             poll(client, stats)
             live.update(progress_view(stats, started, "done"))
         elapsed = time.monotonic() - started
+        stats.fleet_events = {
+            "spot_reclaims": fleet.stats.spot_reclaims,
+            "pods_reclaimed": fleet.stats.jobs_reclaimed,
+            "agent_outages": fleet.stats.agent_outages,
+            "node_windows_backfilled": fleet.stats.windows_backfilled,
+            "node_windows_unreported": fleet.stats.windows_unreported,
+        }
     finally:
         publisher.close()
         worker.stop()
@@ -171,6 +184,7 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
         "duplicates_dropped": stats.published - stats.stored - stats.dead,
         "stored_per_second": round(stats.stored / elapsed, 1),
         "fleet_clock_end": stats.fleet_clock.isoformat() if stats.fleet_clock else None,
+        "fleet_events": stats.fleet_events,
         "invoices": documents,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

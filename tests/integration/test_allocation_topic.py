@@ -47,7 +47,9 @@ def test_collect_simulated_publishes_topology_and_allocation_keyed_by_node(setti
         fleet.step_dicts()
         for record in fleet.allocations():
             expected_allocations[record.node].append(record)
-    assert len(expected_topology) == 8  # the default fleet: 4 H100, 2 A100, 2 L40S nodes
+    # The default fleet: 3 H100, 1 H200, 1 B200, 2 A100, 1 L40S, 2 L4 nodes; all report in so short a run.
+    assert len(expected_topology) == 10
+    assert all(len(records) == WINDOWS for records in expected_allocations.values())
 
     published_topology = read_all(settings, topics.TOPOLOGY)
     # Once per node: the layout did not change during the run.

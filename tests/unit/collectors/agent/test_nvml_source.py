@@ -216,6 +216,7 @@ def test_topology_direct_nvlink_bridges_and_pcie_classes() -> None:
 def test_gpu_model_names() -> None:
     assert gpu_model_name("NVIDIA H100 80GB HBM3") == "H100-SXM-80GB"
     assert gpu_model_name("NVIDIA A100-SXM4-80GB") == "A100-SXM-80GB"
+    assert gpu_model_name("NVIDIA B200", 179 * GIB) == "B200-SXM-180GB"  # not named from its memory
     assert gpu_model_name("NVIDIA RTX 6000 Ada Generation", 48 * GIB) == "RTX-6000-Ada-Generation-48GB"
     assert gpu_model_name("Tesla V100-SXM2-16GB") == "V100-SXM-16GB"
     assert gpu_model_name("NVIDIA GeForce RTX 4090", 24 * GIB) == "RTX-4090-24GB"

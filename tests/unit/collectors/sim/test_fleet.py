@@ -12,14 +12,7 @@ from typing import Any
 import pytest
 
 import gpumeter
-from collectors.sim.fleet import (
-    GPUS_LABEL,
-    MIG_SLICE_LABEL,
-    FleetConfig,
-    SimulatedFleet,
-    TenantSpec,
-)
-from collectors.sim.hardware import GPU_SPECS
+from collectors.sim.fleet import FleetConfig, SimulatedFleet, TenantSpec
 from gpumeter.core import jsonio
 from gpumeter.core.models import UsageSample, parse_sample
 from gpumeter.core.tenants import load_tenants
@@ -103,26 +96,37 @@ def test_dicts_are_json_ready(crossing_samples: list[dict[str, Any]]) -> None:
 
 def test_event_ids_unique_and_shaped(crossing_samples: list[dict[str, Any]]) -> None:
     ids = [s["event_id"] for s in crossing_samples]
-    assert len(ids) == len(set(ids))
+    assert len(ids) == len(set(ids))  # one pod per claim at a time: even PVC ids are unique here
     for sample in crossing_samples[:2000]:
-        prefix, digest = sample["event_id"].split("-", 1)
-        assert prefix == sample["kind"]
-        assert len(digest) == 32
-        int(digest, 16)
+        assert len(sample["event_id"]) == 40  # the agent's: 40 hex digits of a sha256
+        int(sample["event_id"], 16)
+
+
+# Written by hand: a MIG device's compute slices of the GPU's 7, to 12 places half-even.
+MIG_QUANTITIES = {
+    ("A100-SXM-40GB", "1g.5gb"): "0.142857142857",
+    ("A100-SXM-40GB", "2g.10gb"): "0.285714285714",
+    ("A100-SXM-40GB", "3g.20gb"): "0.428571428571",
+    ("H100-SXM-80GB", "1g.10gb"): "0.142857142857",
+    ("H100-SXM-80GB", "2g.20gb"): "0.285714285714",
+    ("H100-SXM-80GB", "3g.40gb"): "0.428571428571",
+}
 
 
 def test_all_kinds_capacity_types_and_mig_present(crossing_samples: list[dict[str, Any]]) -> None:
     assert {s["kind"] for s in crossing_samples} == {"gpu", "cpu", "memory", "storage"}
     gpu = [s for s in crossing_samples if s["kind"] == "gpu"]
     assert {s["capacity_type"] for s in gpu} == {"on-demand", "reserved", "spot"}
-    assert {s["gpu_model"] for s in gpu} == {"H100-SXM-80GB", "A100-SXM-40GB", "L40S-48GB"}
-    mig = [s for s in gpu if s["mig_profile"] is not None]
-    assert mig
-    for sample in mig:
-        # Contract 1: MIG is a fraction of a GPU; one of seven slices, to 12 places half-even.
-        assert sample["gpu_model"] == "A100-SXM-40GB"
-        assert sample["mig_profile"] == "1g.5gb"
-        assert sample["quantity"] == "0.142857142857"
+    assert {s["gpu_model"] for s in gpu} == {
+        "H100-SXM-80GB", "H200-SXM-141GB", "B200-SXM-180GB", "A100-SXM-40GB", "L40S-48GB", "L4-24GB",
+    }
+    shares = set(MIG_QUANTITIES.values())
+    full_windows = [s for s in gpu if s["mig_profile"] is not None and s["quantity"] in shares]
+    assert {(s["gpu_model"], s["mig_profile"]) for s in full_windows} == set(MIG_QUANTITIES)
+    for sample in full_windows:
+        assert sample["quantity"] == MIG_QUANTITIES[(sample["gpu_model"], sample["mig_profile"])]
+    # Time-sliced L4 replicas: a quarter of a GPU per pod-window held whole.
+    assert any(s["gpu_model"] == "L4-24GB" and s["quantity"] == "0.250000000000" for s in gpu)
     assert {s["priority"] for s in gpu} >= {0, 100, 1000}
 
 
@@ -145,59 +149,81 @@ def test_run_crosses_rate_card_switch_and_month(
     assert months == {"2026-10", "2026-11"}
 
 
-def test_every_pod_window_has_four_consistent_samples(
+def by_window(run: list[tuple[datetime, list[dict[str, Any]]]]) -> dict[str, list[dict[str, Any]]]:
+    """Samples by the window they describe (a backfilled window arrives with a later step)."""
+    table: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for _, samples in run:
+        for sample in samples:
+            table[sample["window_start"]].append(sample)
+    return table
+
+
+def test_every_pod_window_has_one_sample_per_device_and_host_kind(
     crossing_run: list[tuple[datetime, list[dict[str, Any]]]],
 ) -> None:
+    """The agent's shape: a gpu sample per device, one cpu, one memory, one ephemeral storage sample
+    and at most one PVC sample per pod-window, all naming the same pod the same way."""
     identity: dict[str, tuple[str, str, str, str, str, int]] = {}
-    for _, samples in crossing_run:
+    devices_per_pod: dict[str, set[int]] = defaultdict(set)
+    for samples in by_window(crossing_run).values():
         by_pod: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for sample in samples:
             by_pod[sample["pod_uid"]].append(sample)
         for pod_uid, group in by_pod.items():
-            assert sorted(s["kind"] for s in group) == ["cpu", "gpu", "memory", "storage"]
+            kinds = Counter(s["kind"] for s in group)
+            pvc = [s for s in group if "pvc" in s["labels"]]
+            assert kinds["gpu"] >= 1 and kinds["cpu"] == kinds["memory"] == 1
+            assert kinds["storage"] == 1 + len(pvc) and len(pvc) <= 1
+            gpu = [s for s in group if s["kind"] == "gpu"]
+            indices = [s["labels"]["gpu_index"] for s in gpu]
+            assert len(indices) == len(set(indices))  # one sample per device
+            devices_per_pod[pod_uid].add(len(gpu))
+            assert all(s["labels"]["container"] == "main" for s in gpu)
             ident = {
                 (s["node"], s["tenant"], s["namespace"], s["pod"], s["capacity_type"], s["priority"])
                 for s in group
             }
             assert len(ident) == 1
             assert identity.setdefault(pod_uid, ident.pop()) == identity[pod_uid]
+    assert {len(gpus) for gpus in devices_per_pod.values()} == {1}  # a pod's device count never changes
+    counts = Counter(next(iter(gpus)) for gpus in devices_per_pod.values())
+    assert set(counts) == {1, 2, 4, 8}
 
 
-def test_gpus_held_per_node_never_exceed_capacity(
+def test_devices_never_held_beyond_their_capacity(
     crossing_run: list[tuple[datetime, list[dict[str, Any]]]],
 ) -> None:
-    slices_per_gpu = GPU_SPECS["A100-SXM-40GB"].mig_slices
+    """Per device and window: a whole GPU one pod, a MIG device one pod, a time-sliced GPU at most
+    four (the replicas); a MIG-mode GPU is never handed out whole; a node holds at most its GPUs."""
+    replicas = FleetConfig().time_slice_replicas
     busiest = Decimal(0)
-    for _, samples in crossing_run:
+    for samples in by_window(crossing_run).values():
+        holders: dict[tuple[str, str], set[str]] = defaultdict(set)
+        kind_of: dict[tuple[str, str], set[str]] = defaultdict(set)
         held: dict[str, Decimal] = defaultdict(Decimal)
-        whole_indices: dict[str, list[int]] = defaultdict(list)
-        mig_slots: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        for sample in samples:
-            if sample["kind"] != "gpu":
-                continue
-            node = sample["node"]
-            indices = [int(i) for i in sample["labels"][GPUS_LABEL].split(",")]
-            if sample["mig_profile"] is None:
-                held[node] += Decimal(sample["quantity"])
-                assert len(indices) == int(sample["quantity"])
-                whole_indices[node].extend(indices)
-            else:
-                held[node] += Decimal(sample["quantity"]) / slices_per_gpu
-                mig_slots[node].append((indices[0], int(sample["labels"][MIG_SLICE_LABEL])))
+        for sample in (s for s in samples if s["kind"] == "gpu"):
+            node, index = sample["node"], sample["labels"]["gpu_index"]
+            quantity = Decimal(sample["quantity"])
+            kind = "mig" if sample["mig_profile"] else "shared" if node == "l4-node-00" else "whole"
+            held[node] += quantity
+            holders[(node, sample["labels"]["gpu_uuid"])].add(sample["pod_uid"])
+            kind_of[(node, index)].add(kind)
+        for (node, device), pods in holders.items():
+            limit = replicas if node == "l4-node-00" else 1
+            assert len(pods) <= limit, (node, device, pods)
+        for key, kinds in kind_of.items():
+            assert kinds in ({"whole"}, {"mig"}, {"shared"}), (key, kinds)  # MIG GPUs never whole
         for node, gpus in held.items():
-            assert gpus <= 8, (node, gpus)
+            assert gpus <= (4 if node.startswith("l4-") else 8), (node, gpus)
             busiest = max(busiest, gpus)
-        for node, indices in whole_indices.items():
-            assert len(indices) == len(set(indices)), node  # no GPU handed out twice
-            assert all(0 <= i < 8 for i in indices)
-            assert not {g for g, _ in mig_slots.get(node, [])} & set(indices)  # MIG GPUs never whole
-        for node, slots in mig_slots.items():
-            assert len(slots) == len(set(slots)), node
     assert busiest == 8  # the fleet does fill nodes
 
 
 def test_jobs_start_and_finish(crossing_run: list[tuple[datetime, list[dict[str, Any]]]]) -> None:
-    pod_sets = [frozenset(s["pod_uid"] for s in samples) for _, samples in crossing_run]
+    windows = by_window(crossing_run)
+    pod_sets = [
+        frozenset(s["pod_uid"] for s in windows.get(start.isoformat(), ())) for start, _ in crossing_run
+    ]
     assert pod_sets[0]  # warm start: busy from the first window
     changes = sum(1 for before, after in pairwise(pod_sets) if before != after)
     assert changes > 50
@@ -210,26 +236,71 @@ def test_jobs_start_and_finish(crossing_run: list[tuple[datetime, list[dict[str,
     finished = [pod for pod, last in last_seen.items() if last < len(pod_sets) - 1]
     started_later = [pod for pod, first in first_seen.items() if first > 0]
     assert len(finished) > 20 and len(started_later) > 20
-    # A pod runs in one contiguous stretch of windows.
+    # A pod is billed for one contiguous stretch of windows (an agent outage is backfilled).
     for pod in first_seen:
         span = range(first_seen[pod], last_seen[pod] + 1)
         assert all(pod in pod_sets[i] for i in span)
 
 
-def test_telemetry_is_plausible(crossing_samples: list[dict[str, Any]]) -> None:
+def test_telemetry_is_where_nvml_has_it(crossing_samples: list[dict[str, Any]]) -> None:
+    seen: Counter[str] = Counter()
     for sample in crossing_samples:
+        backfilled = sample["labels"].get("backfilled") == "true"
         if sample["kind"] == "gpu":
-            utilization = Decimal(sample["utilization"])
-            assert Decimal(0) <= utilization <= Decimal(1)
-            assert utilization.as_tuple().exponent == -2
-            power = Decimal(sample["power_watts"])
-            assert power > 0
-            assert Decimal(sample["energy_joules"]) == power * 600
-            assert int(sample["memory_used_bytes"]) >= 0
+            if backfilled:
+                assert sample["utilization"] is sample["memory_used_bytes"] is sample["power_watts"] is None
+                seen["backfilled"] += 1
+            elif sample["mig_profile"] is not None:
+                # NVML has neither utilization nor power for a MIG device: memory only.
+                assert sample["utilization"] is sample["power_watts"] is sample["energy_joules"] is None
+                assert Decimal(sample["memory_used_bytes"]) >= 0
+                seen["mig"] += 1
+            elif sample["utilization"] is None:
+                # A GPU shared by several pods in the window: their own memory only.
+                assert sample["power_watts"] is None and sample["gpu_model"] == "L4-24GB"
+                assert Decimal(sample["memory_used_bytes"]) >= 0
+                seen["shared"] += 1
+            else:
+                utilization = Decimal(sample["utilization"])
+                assert Decimal(0) <= utilization <= Decimal(1)
+                assert utilization.as_tuple().exponent == -6  # the agent's 6 places
+                power = Decimal(sample["power_watts"])
+                assert power > 0
+                assert Decimal(sample["energy_joules"]) == power * 600
+                seen["whole"] += 1
         else:
             assert sample["gpu_model"] is None and sample["mig_profile"] is None
-            assert sample["utilization"] is None and sample["power_watts"] is None
+            assert sample["power_watts"] is None
             assert Decimal(sample["quantity"]) > 0
+            if sample["kind"] == "cpu" and not backfilled:
+                assert Decimal(sample["utilization"]) > 0
+    assert min(seen.values()) > 0 and len(seen) == 4
+
+
+def test_the_last_window_of_a_pod_bills_the_part_it_held() -> None:
+    """Every pod's gpu quantity in every window = its device share x the part of the window it ran,
+    computed here from the start and end the fleet announced for the pod."""
+    config = FleetConfig(seed=3, window_seconds=600, spot_reclaims_per_day=0.0, agent_outages_per_day=0.0)
+    fleet = SimulatedFleet(config)
+    lifetimes: dict[str, tuple[datetime, datetime]] = {}
+    partial = 0
+    for _ in range(150):
+        start = fleet.clock
+        samples = fleet.step_dicts()
+        for pod in fleet.running_pods():
+            lifetimes[pod["pod_uid"]] = (pod["started"], pod["ends"])
+        for sample in (s for s in samples if s["kind"] == "gpu"):
+            begin, finish = lifetimes.get(sample["pod_uid"], (start, start + timedelta(days=1)))
+            seconds = (min(finish, start + timedelta(seconds=600)) - max(begin, start)).total_seconds()
+            share = Decimal(1)
+            if sample["mig_profile"]:
+                share = Decimal(int(sample["mig_profile"][0])) / 7
+            elif sample["node"] in fleet.time_sliced_nodes():
+                share = Decimal(1) / 4
+            expected = (share * Decimal(str(round(seconds / 600, 6)))).quantize(Decimal("1e-12"))
+            assert Decimal(sample["quantity"]) == expected, sample
+            partial += seconds < 600
+    assert partial > 20
 
 
 # ---------------------------------------------------------------- API details
@@ -261,19 +332,35 @@ def test_topology() -> None:
     fleet = SimulatedFleet(FleetConfig())
     topology = fleet.topology()
     assert [t.node for t in topology] == fleet.node_names()
-    assert len(fleet.node_names()) == len(set(fleet.node_names())) == 8
-    by_model = {t.gpus[0].model: t for t in topology}
-    h100, a100, l40s = by_model["H100-SXM-80GB"], by_model["A100-SXM-40GB"], by_model["L40S-48GB"]
-    for board, link in ((h100, "NV18"), (a100, "NV12")):
+    assert fleet.node_names() == [
+        "h100-node-00", "h100-node-01", "h100-node-02", "h200-node-00", "b200-node-00",
+        "a100-node-00", "a100-node-01", "l40s-node-00", "l4-node-00", "l4-node-01",
+    ]
+    by_node = {t.node: t for t in topology}
+    for node, link in (("h100-node-00", "NV18"), ("h200-node-00", "NV18"), ("b200-node-00", "NV18"),
+                       ("a100-node-00", "NV12")):
+        board = by_node[node]
         assert len(board.gpus) == 8 and len(board.links) == 28
         assert set(board.links.values()) == {link}
         assert all(len(gpu.nvlink_peers) == 7 for gpu in board.gpus)
+    assert {t.gpus[0].model for t in topology} == {
+        "H100-SXM-80GB", "H200-SXM-141GB", "B200-SXM-180GB", "A100-SXM-40GB", "L40S-48GB", "L4-24GB",
+    }
+    l40s = by_node["l40s-node-00"]
     assert l40s.links["0-1"] == "PIX" and l40s.links["6-7"] == "PIX"
     assert l40s.links["1-2"] == "SYS" and l40s.links["0-7"] == "SYS"
     assert Counter(l40s.links.values()) == {"PIX": 4, "SYS": 24}
     assert all(gpu.nvlink_peers == [] for gpu in l40s.gpus)
+    # MIG mode (defaults: two GPUs of each A100 node, one of each H100 node); none elsewhere.
+    mig = {t.node: [g.index for g in t.gpus if g.mig_enabled] for t in topology}
+    assert mig == {
+        "h100-node-00": [0], "h100-node-01": [0], "h100-node-02": [0], "h200-node-00": [], "b200-node-00": [],
+        "a100-node-00": [0, 1], "a100-node-01": [0, 1], "l40s-node-00": [],
+        "l4-node-00": [], "l4-node-01": [],
+    }
+    assert fleet.time_sliced_nodes() == ["l4-node-00"]
     uuids = [gpu.uuid for t in topology for gpu in t.gpus]
-    assert len(set(uuids)) == 64 and all(u.startswith("GPU-") for u in uuids)
+    assert len(set(uuids)) == 8 * 8 + 2 * 4 and all(u.startswith("GPU-") for u in uuids)
     assert [t.model_dump() for t in SimulatedFleet(FleetConfig()).topology()] == [
         t.model_dump() for t in topology
     ]
@@ -333,6 +420,12 @@ def test_evict_and_admission_block() -> None:
         pytest.param({"window_seconds": 7200}, "window_seconds", id="window-over-an-hour"),
         pytest.param({"mig_gpus_per_node": {"L40S-48GB": 1}}, "no MIG profile", id="mig-on-l40s"),
         pytest.param({"capacity_mix": {"spot": 0.0}}, "capacity_mix", id="capacity-mix-all-zero"),
+        pytest.param({"time_slice_replicas": 1}, "time_slice_replicas", id="one-replica"),
+        pytest.param({"time_sliced_nodes": {"L4-24GB": 3}}, "time_sliced_nodes", id="more-shared-than-nodes"),
+        pytest.param({"time_sliced_nodes": {"T4": 1}}, "unknown GPU model", id="shared-unknown-model"),
+        pytest.param({"spot_reclaims_per_day": -1.0}, "spot_reclaims_per_day", id="negative-rate"),
+        pytest.param({"agent_outage_minutes": (10.0, 5.0)}, "agent_outage_minutes", id="outage-range"),
+        pytest.param({"max_backfill_windows": -1}, "max_backfill_windows", id="negative-backfill"),
     ],
 )
 def test_config_is_validated(overrides: dict[str, Any], message: str) -> None:

@@ -9,22 +9,24 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from collectors.sim.allocation import LinkTable, best_free_set
-from collectors.sim.fleet import GPUS_LABEL, FleetConfig, SimulatedFleet, TenantSpec
+from collectors.sim.fleet import FleetConfig, SimulatedFleet, TenantSpec
 from collectors.sim.hardware import GPU_SPECS, PcieLayout, node_topology
 from gpumeter.core import jsonio
 from gpumeter.core.models import NodeAllocation, NodeTopology
 from scheduler_hooks.placement import NodeGpus, best_set
 
 START = datetime(2026, 10, 30, tzinfo=UTC)
-EVERY_MODEL = {"H100-SXM-80GB": 2, "A100-SXM-40GB": 2, "L40S-48GB": 2, "L4-24GB": 3}
+EVERY_MODEL = {
+    "H100-SXM-80GB": 2, "H200-SXM-141GB": 1, "B200-SXM-180GB": 1,
+    "A100-SXM-40GB": 2, "L40S-48GB": 2, "L4-24GB": 3,
+}
 
 
 def matrix(text: str) -> list[list[str]]:
@@ -68,6 +70,8 @@ SYS  SYS  SYS  SYS  PXB  PXB  PIX  X
 """)
 EXPECTED_NUMA = {
     "H100-SXM-80GB": [0, 0, 0, 0, 1, 1, 1, 1],
+    "H200-SXM-141GB": [0, 0, 0, 0, 1, 1, 1, 1],
+    "B200-SXM-180GB": [0, 0, 0, 0, 1, 1, 1, 1],
     "A100-SXM-40GB": [0, 0, 0, 0, 1, 1, 1, 1],
     "L40S-48GB": [0, 0, 1, 1, 2, 2, 3, 3],
     "L4-24GB": [0, 0, 0, 0],
@@ -94,7 +98,14 @@ def fleet_topologies() -> dict[str, NodeTopology]:
 
 @pytest.mark.parametrize(
     ("model", "expected"),
-    [("H100-SXM-80GB", H100), ("A100-SXM-40GB", A100), ("L40S-48GB", L40S), ("L4-24GB", L4)],
+    [
+        ("H100-SXM-80GB", H100),
+        ("H200-SXM-141GB", H100),  # the same HGX baseboard: NV18 between every pair
+        ("B200-SXM-180GB", H100),  # HGX B200: 18 NVLink 5 links per GPU into the NVSwitches
+        ("A100-SXM-40GB", A100),
+        ("L40S-48GB", L40S),
+        ("L4-24GB", L4),
+    ],
 )
 def test_layout_matrices(model: str, expected: list[list[str]]) -> None:
     topology = fleet_topologies()[model]
@@ -203,109 +214,139 @@ def test_the_fleet_picks_what_the_extender_assumes_the_device_plugin_picks() -> 
                     chosen = best_free_set(free, k, links)
                     assert chosen == tuple(sorted(predicted[0])), (topology.node, free, k)
                     compared += 1
-    # Σ over free sets of their size: n·2^(n-1) per board; three 8-GPU boards and one 4-GPU board.
-    assert compared == 3 * 8 * 2**7 + 4 * 2**3
+    # Σ over free sets of their size: n·2^(n-1) per board; five 8-GPU boards and one 4-GPU board.
+    assert compared == 5 * 8 * 2**7 + 4 * 2**3
 
 
 # -- allocation records over a run ---------------------------------------------------------------------
 
-SLICES = GPU_SPECS["A100-SXM-40GB"].mig_slices
+REPLICAS = FleetConfig().time_slice_replicas
+MIG_DEVICES = len(GPU_SPECS["A100-SXM-40GB"].mig_layout)  # the all-balanced layout: 4 devices
+SHARED_NODE = "l4-node-00"  # time-sliced by default
+
+
+@dataclass
+class Window:
+    start: datetime
+    samples: list[dict[str, Any]]
+    records: list[NodeAllocation]
+    running: dict[str, tuple[str, list[int]]]  # pod_uid -> node, indices: pods running after the step
 
 
 @pytest.fixture(scope="module")
-def run() -> list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]]:
-    """300 ten-minute windows of a fleet with every model (MIG on the A100s), busy enough to fill nodes."""
+def run() -> list[Window]:
+    """300 ten-minute windows of a fleet with every model (MIG on the A100s, one time-sliced L4 node),
+    busy enough to fill nodes, with frequent spot reclaims and agent outages."""
     fleet = SimulatedFleet(
-        FleetConfig(seed=13, window_seconds=600, nodes=EVERY_MODEL, mig_gpus_per_node={"A100-SXM-40GB": 2})
+        FleetConfig(seed=13, window_seconds=600, nodes=EVERY_MODEL, mig_gpus_per_node={"A100-SXM-40GB": 2},
+                    spot_reclaims_per_day=2.0, agent_outages_per_day=0.5)
     )
     windows = []
     for _ in range(300):
         start = fleet.clock
         samples = fleet.step_dicts()
-        windows.append((start, samples, fleet.allocations()))
+        running = {p["pod_uid"]: (p["node"], p["gpu_indices"]) for p in fleet.running_pods()}
+        windows.append(Window(start, samples, fleet.allocations(), running))
+    assert fleet.stats.spot_reclaims > 0 and fleet.stats.agent_outages > 0
     return windows
 
 
-def test_one_record_per_node_every_window(
-    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
-) -> None:
+def reported(window: Window) -> list[dict[str, Any]]:
+    """The window's own samples (not the backfill of earlier windows that came with it)."""
+    return [s for s in window.samples if s["window_start"] == window.start.isoformat()]
+
+
+def test_one_record_per_reporting_node_every_window(run: list[Window]) -> None:
     nodes = [t.node for t in SimulatedFleet(FleetConfig(nodes=EVERY_MODEL)).topology()]
-    for start, _, records in run:
-        assert [r.node for r in records] == nodes
-        assert {(r.cluster, r.at) for r in records} == {("sim-cluster", start + timedelta(seconds=600))}
+    missing = 0
+    for window in run:
+        names = [r.node for r in window.records]
+        assert names == [n for n in nodes if n in names]  # in node order, each once
+        assert {s["node"] for s in window.samples} <= set(names)  # a node with samples reported
+        end = window.start + timedelta(seconds=600)
+        assert {(r.cluster, r.at) for r in window.records} == {("sim-cluster", end)}
+        missing += len(nodes) - len(names)
+    assert missing > 0  # reclaimed and silent nodes publish nothing
 
 
-def test_allocations_never_overlap_nor_exceed_the_node(
-    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
-) -> None:
+def test_allocations_never_overlap_nor_exceed_the_node(run: list[Window]) -> None:
     sizes = {t.node: len(t.gpus) for t in SimulatedFleet(FleetConfig(nodes=EVERY_MODEL)).topology()}
     full = 0
-    for _, samples, records in run:
-        mig_pods = {s["pod_uid"] for s in samples if s["kind"] == "gpu" and s["mig_profile"] is not None}
-        for record in records:
+    for window in run:
+        mig_pods = {s["pod_uid"] for s in window.samples if s["kind"] == "gpu" and s["mig_profile"]}
+        for record in window.records:
             whole: list[int] = []
             slices: dict[int, int] = defaultdict(int)
+            replicas: dict[int, int] = defaultdict(int)
             for assignment in record.assignments:
                 assert set(assignment.gpu_indices) <= set(range(sizes[record.node]))
                 if assignment.pod_uid in mig_pods:
                     (parent,) = assignment.gpu_indices
                     slices[parent] += 1
+                elif record.node == SHARED_NODE:
+                    (gpu,) = assignment.gpu_indices
+                    replicas[gpu] += 1
                 else:
                     whole.extend(assignment.gpu_indices)
             assert len(whole) == len(set(whole)), record  # no GPU handed out twice
             assert not set(whole) & set(slices)  # a MIG GPU is never handed out whole
-            assert all(count <= SLICES for count in slices.values())
-            held = len(set(whole) | set(slices))
+            assert all(count <= MIG_DEVICES for count in slices.values())
+            assert all(count <= REPLICAS for count in replicas.values())
+            held = len(set(whole) | set(slices) | set(replicas))
             assert held <= sizes[record.node]
             full += held == sizes[record.node]
     assert full > 0  # nodes do fill up
 
 
-def test_allocations_match_the_samples_pod_by_pod(
-    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
-) -> None:
-    mig_share = Decimal(1) / Decimal(SLICES)
-    for _, samples, records in run:
-        assigned = {
-            (r.node, a.namespace, a.pod, a.pod_uid): a for r in records for a in r.assignments
-        }
-        gpu_samples = [s for s in samples if s["kind"] == "gpu"]
-        assert len(assigned) == len(gpu_samples)  # one assignment per running pod, no more
-        for sample in gpu_samples:
-            assignment = assigned[(sample["node"], sample["namespace"], sample["pod"], sample["pod_uid"])]
+def test_allocations_match_the_samples_pod_by_pod(run: list[Window]) -> None:
+    """A reporting node's record lists exactly its running pods, each with the GPU indices its gpu
+    samples name; a pod with samples but no assignment ended inside the window (the agent lists a
+    finished pod's GPUs as free)."""
+    ended = 0
+    for window in run:
+        assigned = {a.pod_uid: (r.node, a) for r in window.records for a in r.assignments}
+        reporting = {r.node for r in window.records}
+        assert set(assigned) == {uid for uid, (node, _) in window.running.items() if node in reporting}
+        gpu_indices: dict[str, set[int]] = defaultdict(set)
+        for sample in (s for s in reported(window) if s["kind"] == "gpu"):
+            gpu_indices[sample["pod_uid"]].add(int(sample["labels"]["gpu_index"]))
+        for uid, (node, assignment) in assigned.items():
             assert assignment.container == "main"
-            indices = [int(i) for i in sample["labels"][GPUS_LABEL].split(",")]
-            assert assignment.gpu_indices == indices
-            if sample["mig_profile"] is None:
-                assert Decimal(sample["quantity"]) == len(indices)
-            else:
-                assert len(indices) == 1
-                assert abs(Decimal(sample["quantity"]) - mig_share) < Decimal("1e-12")
+            assert assignment.gpu_indices == sorted(gpu_indices[uid]), (node, uid)
+            assert assignment.gpu_indices == window.running[uid][1]
+        gone = set(gpu_indices) - set(assigned)
+        assert not gone & set(window.running)
+        ended += len(gone)
+    assert ended > 0
 
 
-def test_pcie_pods_get_connected_sets_and_keep_them(
-    run: list[tuple[datetime, list[dict[str, Any]], list[NodeAllocation]]],
-) -> None:
+def test_pcie_pods_get_connected_sets_and_keep_them(run: list[Window]) -> None:
     """A 2-GPU pod starting alone on an L4 node whose free GPUs include a whole PCIe switch gets
     that PIX pair; a pod keeps its GPUs while it runs; a finished pod never comes back."""
-    held: dict[str, tuple[str, list[int]]] = {}  # running pod_uid -> node, indices
+    previous: dict[str, NodeAllocation] = {}
+    held: dict[str, tuple[str, list[int]]] = {}
     finished: set[str] = set()
     checked = 0
-    for _, _, records in run:
-        current = {a.pod_uid: (r.node, a.gpu_indices) for r in records for a in r.assignments}
+    for window in run:
+        current = window.running
         assert not finished & set(current)
         for uid, where in current.items():
             assert held.get(uid, where) == where, "a pod's GPUs never change while it runs"
-        for record in (r for r in records if r.node.startswith("l4-")):
-            new = [a for a in record.assignments if a.pod_uid not in held]
-            staying = {i for a in record.assignments if a.pod_uid in held for i in a.gpu_indices}
+        for record in (r for r in window.records if r.node.startswith("l4-") and r.node != SHARED_NODE):
+            before = previous.get(record.node)
+            if before is None:
+                continue
+            known = {a.pod_uid for a in before.assignments}
+            new = [a for a in record.assignments if a.pod_uid not in known]
+            staying = {i for a in record.assignments if a.pod_uid in known for i in a.gpu_indices}
             free = set(range(4)) - staying  # what the one new pod was placed from
             if len(new) == 1 and len(new[0].gpu_indices) == 2 and ({0, 1} <= free or {2, 3} <= free):
                 a, b = new[0].gpu_indices
                 assert a // 2 == b // 2, (record.node, sorted(free), new[0].gpu_indices)  # PIX
                 checked += 1
+        previous = {r.node: r for r in window.records}
         finished |= set(held) - set(current)
-        held = current
+        held = dict(current)
     assert checked > 0 and finished
 
 
@@ -316,6 +357,9 @@ def test_an_idle_node_reports_an_empty_list() -> None:
             tenants=(TenantSpec("solo", arrivals_per_hour=0.0, size_weights=(1.0, 0.0, 0.0, 0.0)),),
             warm_start_jobs=1,
             mig_gpus_per_node={},
+            time_sliced_nodes={},
+            spot_reclaims_per_day=0.0,
+            agent_outages_per_day=0.0,
         )
     )
     assert [r.assignments for r in fleet.allocations()] == [[], [], [], []]  # before the first window
