@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from gpumeter.core.money import exact
 from gpumeter.core.ratecard import RateCardSet
 from gpumeter.core.tenants import TenantPolicy
 from pricing.invoice import ZERO, Invoice, InvoiceLine, LineKey, UsageLine, price_lines, true_up
@@ -182,6 +183,15 @@ def next_invoice(
 
 
 def _line_deltas(lines: list[InvoiceLine], issued: Iterable[Invoice]) -> list[InvoiceLine]:
+    # Quantities carry 60 significant digits (unit-seconds / 3600 does not terminate), so the sum of
+    # what was issued can miss the month's quantity in the last digits (a residue near 1e-55, and
+    # far more in the default 28-digit context); without rounding it off, every later close would
+    # issue a 0.00 adjustment for it (seen after `rerate` moved quantities between lines).
+    with exact():
+        return _deltas(lines, issued)
+
+
+def _deltas(lines: list[InvoiceLine], issued: Iterable[Invoice]) -> list[InvoiceLine]:
     billed_quantity: dict[LineKey, Decimal] = {}
     billed_amount: dict[LineKey, Decimal] = {}
     for invoice in issued:
@@ -190,17 +200,29 @@ def _line_deltas(lines: list[InvoiceLine], issued: Iterable[Invoice]) -> list[In
             billed_amount[line.key] = billed_amount.get(line.key, ZERO) + line.amount
     deltas = []
     for line in lines:
-        quantity = line.quantity - billed_quantity.pop(line.key, ZERO)
+        quantity = _denoised(line.quantity - billed_quantity.pop(line.key, ZERO))
         amount = line.amount - billed_amount.pop(line.key, ZERO)
         if quantity != 0 or amount != 0:
             deltas.append(line.model_copy(update={"quantity": quantity, "amount": amount}))
     # A line billed before with no usage now (only when stored usage shrank): billed back.
-    for key, quantity in sorted(billed_quantity.items()):
+    # Sorted as invoice lines are (a None gpu_model does not compare with a name).
+    for key in sorted(billed_quantity, key=lambda k: (k.rate_card, k.kind, k.gpu_model or "",
+                                                      k.mig_profile or "", k.capacity_type)):
+        quantity = _denoised(billed_quantity[key])
         if quantity != 0 or billed_amount[key] != 0:
             deltas.append(InvoiceLine(rate_card=key.rate_card, kind=key.kind, gpu_model=key.gpu_model,
                                       mig_profile=key.mig_profile, capacity_type=key.capacity_type,
                                       quantity=-quantity, amount=-billed_amount[key]))
     return deltas
+
+
+# Far below any real quantity difference (unit_seconds has 21 places: 1e-21 / 3600 unit-hours),
+# far above the residue of 60-digit arithmetic on quantities below 1e12 unit-hours.
+QUANTITY_NOISE = Decimal("1e-40")
+
+
+def _denoised(quantity: Decimal) -> Decimal:
+    return ZERO if abs(quantity) < QUANTITY_NOISE else quantity
 
 
 def entry_for(invoice: Invoice, view: LedgerView, claim: str, now: datetime) -> Entry:

@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile = commands.add_parser("reconcile", help="prove invoices = rated usage = stored samples")
     reconcile.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
 
+    rerate = commands.add_parser("rerate", help="re-rate a stored month with the rate cards now loaded; "
+                                                "a month with a final invoice gets an adjustment")
+    rerate.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
+    rerate.add_argument("--tenant", help="one tenant (default: every tenant of the month)")
+    rerate.add_argument("--dry-run", action="store_true", help="print the differences, write nothing")
+
     commands.add_parser("api", help="the tenant invoice API (HTTP)").add_argument(
         "--listen", help="HOST:PORT (default: api.listen, 127.0.0.1:8791)")
 
@@ -143,6 +149,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "insights": ("insights", "run"),
     "quota": ("quota", "run"),
     "reconcile": ("reconcile", "run"),
+    "rerate": ("rerate", "run"),
     "report": ("report", "run"),
     "api": ("api", "run"),
     "hooks": ("hooks", "run"),
