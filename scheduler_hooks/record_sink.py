@@ -40,6 +40,10 @@ T = TypeVar("T")
 # every retry); older ids fall out first, and the stores fold whatever is written again.
 REMEMBERED_IDS = 100_000
 MAX_BACKOFF = 30.0
+# Replay-guard reads run concurrently for different tenants' events: on one connection they
+# queued behind each other (p99 363 ms at load 5 in benchmarks/quota_latency.py), which held
+# every tenant slot of the actuator. A few connections are enough for the tenants acted on at once.
+READERS = 4
 
 
 class _Connection:
@@ -74,7 +78,10 @@ class RecordSink:
         self._topic = settings.kafka.topic(PREEMPTIONS_TOPIC)
         self._producer: AIOKafkaProducer | None = None
         self._writer = _Connection(settings.clickhouse.dsn)
-        self._reader = _Connection(settings.clickhouse.dsn)
+        self._readers = [_Connection(settings.clickhouse.dsn) for _ in range(READERS)]
+        self._idle_readers: asyncio.Queue[_Connection] = asyncio.Queue()
+        for reader in self._readers:
+            self._idle_readers.put_nowait(reader)
         self._written: OrderedDict[str, None] = OrderedDict()
         self._waiting: list[tuple[list[PreemptionRecord], asyncio.Future[bool]]] = []
         self._wake = asyncio.Event()
@@ -102,7 +109,8 @@ class RecordSink:
             await self._producer.stop()
             self._producer = None
         await self._writer.close()
-        await self._reader.close()
+        for reader in self._readers:
+            await reader.close()
 
     async def write(self, records: Sequence[PreemptionRecord]) -> bool:
         """Publish and store ``records`` not stored yet; False only if stopped first."""
@@ -120,7 +128,11 @@ class RecordSink:
         attempt = 0
         while not self._stop.is_set():
             try:
-                return await self._reader.run(_select_ids, tenant, cause)
+                reader = await self._idle_readers.get()
+                try:
+                    return await reader.run(_select_ids, tenant, cause)
+                finally:
+                    self._idle_readers.put_nowait(reader)
             except Exception as exc:  # without the answer we must not act: retry
                 delay = backoff_seconds(attempt, MAX_BACKOFF)
                 log.warning("cannot read handled decisions from ClickHouse (%s); retrying in %.0fs",
