@@ -62,24 +62,31 @@ _MAX_WINDOW = timedelta(seconds=MAX_WINDOW_SECONDS)
 _ZERO = timedelta(0)
 
 
+# One sample's constrained strings, shared by the model and its JSON fast path below.
+EventId = Annotated[str, Field(min_length=1, max_length=128)]
+TenantName = Annotated[str, Field(pattern=TENANT_PATTERN)]
+GpuModelName = Annotated[str, Field(min_length=1, max_length=128)]
+MigProfileName = Annotated[str, Field(min_length=1, max_length=64)]
+
+
 class UsageSample(BaseModel):
     """One window of one resource held by one pod (contract 1). Strict: unknown fields are rejected."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
-    event_id: Annotated[str, Field(min_length=1, max_length=128)]
+    event_id: EventId
     kind: Kind
     cluster: NonEmpty
     node: NonEmpty
-    tenant: Annotated[str, Field(pattern=TENANT_PATTERN)]
+    tenant: TenantName
     namespace: NonEmpty
     pod: NonEmpty
     pod_uid: NonEmpty
     window_start: AwareTimestamp
     window_end: AwareTimestamp
     quantity: non_negative_decimal(QUANTITY_PLACES)  # type: ignore[valid-type]
-    gpu_model: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    mig_profile: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    gpu_model: GpuModelName | None = None
+    mig_profile: MigProfileName | None = None
     capacity_type: CapacityType = "on-demand"
     priority: Int32 = 0
     utilization: Annotated[NonNegativeDecimal, Field(lt=UTILIZATION_LIMIT)] | None = None
@@ -223,19 +230,19 @@ class _SampleJson(TypedDict):
     annotations for strings and integers, json_decimal for decimals (quantity's places are
     checked after), timestamps kept as text for checked_timestamp."""
 
-    event_id: Annotated[str, Field(min_length=1, max_length=128)]
+    event_id: EventId
     kind: Kind
     cluster: NonEmpty
     node: NonEmpty
-    tenant: Annotated[str, Field(pattern=TENANT_PATTERN)]
+    tenant: TenantName
     namespace: NonEmpty
     pod: NonEmpty
     pod_uid: NonEmpty
     window_start: StrictStr
     window_end: StrictStr
     quantity: JsonQuantity
-    gpu_model: NotRequired[Annotated[str, Field(min_length=1, max_length=128)] | None]
-    mig_profile: NotRequired[Annotated[str, Field(min_length=1, max_length=64)] | None]
+    gpu_model: NotRequired[GpuModelName | None]
+    mig_profile: NotRequired[MigProfileName | None]
     capacity_type: NotRequired[CapacityType]
     priority: NotRequired[Int32]
     utilization: NotRequired[JsonUtilization | None]
