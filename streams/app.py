@@ -143,12 +143,35 @@ class BatchWriter:
         self._stopping = asyncio.Event()
         self._idle = asyncio.Event()  # clear while a batch is being stored
         self._idle.set()
+        # Per partition, the consumer generation in which it was last revoked from this worker.
+        self._revoked_in: dict[TP, int] = {}
+        self.stale_dropped = 0
 
     def stop(self) -> None:
         self._stopping.set()
 
+    def _stale(self, event: EventT) -> bool:
+        """Fetched before its partition was last revoked from this worker: by then the
+        partition's earlier records held here were dropped, and it may belong to another worker."""
+        if not self._revoked_in:
+            return False
+        revoked_in = self._revoked_in.get(event.message.tp)
+        if revoked_in is None:
+            return False
+        fetched_in = getattr(event.message, "generation_id", None)
+        return fetched_in is None or fetched_in <= revoked_in
+
     async def add(self, event: EventT, rows: list[Row]) -> None:
-        """Hold ``event`` until a flush stores its ``rows`` (none: just acknowledge it in order)."""
+        """Hold ``event`` until a flush stores its ``rows`` (none: just acknowledge it in order).
+
+        An event fetched before its partition was revoked (the agent held it while the
+        rebalance dropped the partition's pending batch) is dropped too: stored and acknowledged
+        after the records before it were dropped, it would be a committable offset past records
+        nobody stored. It is read again from the committed offset, here or by the new owner.
+        """
+        if self._stale(event):
+            self.stale_dropped += 1
+            return
         async with self.pending.lock:
             self.pending.events.append(event)
             self.pending.rows.extend(rows)
@@ -174,11 +197,14 @@ class BatchWriter:
             finally:
                 self._idle.set()
 
-    async def revoke(self, revoked: set[TP], wait_seconds: float = 10.0) -> None:
-        """Partitions taken away in a rebalance: drop their pending events and rows, so the
-        batch is not stored behind the new owner's back (faust seeks every partition back to
-        its committed offset, so they are read again, here or by the new owner), and give a
-        batch being stored a bounded time to finish before the partitions move."""
+    async def revoke(self, revoked: set[TP], generation: int | None, wait_seconds: float = 10.0) -> None:
+        """Partitions taken away in a rebalance (``generation``: the consumer generation ending):
+        drop their pending events and rows, so the batch is not stored behind the new owner's
+        back (faust seeks every partition back to its committed offset, so they are read again,
+        here or by the new owner), and give a batch being stored a bounded time to finish
+        before the partitions move; its events of these partitions are not acknowledged."""
+        for tp in revoked:
+            self._revoked_in[tp] = generation if generation is not None else -1
         # No await until the pending lists are rebuilt: add() cannot interleave.
         kept_events: list[EventT] = []
         kept_rows: list[Row] = []
@@ -225,7 +251,10 @@ class BatchWriter:
         if self._stopping.is_set() or self.stream is None:
             return
         for event in events:
-            await self.stream.ack(event)
+            # Stored, but its partition was revoked meanwhile: its owner reads it again from
+            # the committed offset (and finds it stored); an acknowledgement here is stale.
+            if not self._stale(event):
+                await self.stream.ack(event)
 
     async def _store_with_retry(self, rows: list[Row]) -> StoreResult | None:
         """The store's result, or None once stop() was called before the rows were stored."""
@@ -472,10 +501,15 @@ def create_app(settings: Settings) -> WorkerApp:
     kafka = settings.kafka
     rate_cards = RateCardWatcher(settings.rate_cards)
 
+    faust_dir = settings.data_dir / "faust"
+    faust_dir.mkdir(parents=True, exist_ok=True)
     app = _SeekSafeApp(
         kafka.topic_prefix + settings.worker.group,
         broker=f"kafka://{kafka.bootstrap}",
         store="memory://",
+        # faust's default is "<app id>-data" in the working directory: one stray directory per
+        # worker group wherever a worker was started.
+        datadir=str(faust_dir),
         autodiscover=False,
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
@@ -567,7 +601,7 @@ def create_app(settings: Settings) -> WorkerApp:
         revoked: set[TP] = set(args[0])  # mode's Signal calls receiver(sender, revoked, signal=...)
         stage.forget()  # before anything is read again: dropped samples are not duplicates
         for writer in (rated_writer, dead_writer, quota.writer):
-            await writer.revoke(revoked)
+            await writer.revoke(revoked, app.consumer_generation_id)
 
     @app.timer(worker.rate_card_reload_seconds)
     async def reload_rate_cards() -> None:

@@ -53,6 +53,9 @@ def test_ingest_with_duplicates_and_malformed_lines_bills_exactly(
 
     drained = run_cli(settings, "drain", "--timeout", "240")
     assert drained.returncode == 0, drained.stderr
+    # faust's own files live in the data directory, not in the directory the worker started in.
+    assert (settings.data_dir / "faust").is_dir()
+    assert not (Path.cwd() / f"{settings.kafka.topic_prefix}{settings.worker.group}-data").exists()
 
     unique = len({s["event_id"] for s in valid}) - 1  # the no-rate sample is not stored
     assert count_rows(settings, "SELECT count() FROM rated_usage") == unique  # no duplicate rows at all

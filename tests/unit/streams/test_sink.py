@@ -320,16 +320,17 @@ def test_a_stopped_writer_acknowledges_nothing_it_has_not_stored() -> None:
     stream = asyncio.run(run())
     assert stream.acked == []
 class FakeMessage:
-    def __init__(self, tp: str) -> None:
+    def __init__(self, tp: str, generation_id: int) -> None:
         self.tp = tp
+        self.generation_id = generation_id  # the consumer generation it was fetched in
 
 
 class FakeEvent:
     """What BatchWriter reads of a faust event: its message's topic-partition."""
 
-    def __init__(self, name: str, tp: str) -> None:
+    def __init__(self, name: str, tp: str, generation: int = 1) -> None:
         self.name = name
-        self.message = FakeMessage(tp)
+        self.message = FakeMessage(tp, generation)
 
     def __repr__(self) -> str:
         return self.name
@@ -349,13 +350,39 @@ def test_a_revoked_partitions_pending_rows_are_dropped_and_the_rest_stored() -> 
         await writer.add(FakeEvent("b1", "p1"), [row("b1")])  # type: ignore[arg-type]
         await writer.add(FakeEvent("a2", "p0"), [])  # type: ignore[arg-type]
         await writer.add(FakeEvent("b2", "p1"), [row("b2")])  # type: ignore[arg-type]
-        await writer.revoke({"p0"})  # type: ignore[arg-type]
+        await writer.revoke({"p0"}, generation=1)  # type: ignore[arg-type]
         await writer.flush()
         return stream
 
     stream = asyncio.run(run())
     assert [repr(event) for event in stream.acked] == ["b1", "b2"]
     assert stored == [["b1", "b2"]]
+
+
+def test_an_event_fetched_before_its_partition_was_revoked_is_neither_stored_nor_acknowledged() -> None:
+    """The agent held a2 (fetched in generation 1) while the rebalance dropped a1: storing and
+    acknowledging a2 would make an offset past a1 committable, a1 never stored."""
+    stored: list[list[str]] = []
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        stored.append([r[0] for r in rows])
+        return StoreResult(stored=len(rows))
+
+    async def run() -> FakeStream:
+        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=0.1)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        await writer.add(FakeEvent("a1", "p0", generation=1), [row("a1")])  # type: ignore[arg-type]
+        await writer.revoke({"p0"}, generation=1)  # type: ignore[arg-type]
+        await writer.add(FakeEvent("a2", "p0", generation=1), [row("a2")])  # type: ignore[arg-type]
+        await writer.add(FakeEvent("b1", "p1", generation=1), [row("b1")])  # type: ignore[arg-type]
+        # Generation 2: p0 assigned here again and read from its committed offset.
+        await writer.add(FakeEvent("a1", "p0", generation=2), [row("a1")])  # type: ignore[arg-type]
+        await writer.flush()
+        return stream
+
+    stream = asyncio.run(run())
+    assert [repr(event) for event in stream.acked] == ["b1", "a1"]
+    assert stored == [["b1", "a1"]]
 
 
 def test_a_rebalance_waits_for_the_batch_being_stored_before_the_partitions_move() -> None:
@@ -373,7 +400,7 @@ def test_a_rebalance_waits_for_the_batch_being_stored_before_the_partitions_move
         await writer.add(FakeEvent("a1", "p0"), [row("a1")])  # type: ignore[arg-type]
         flushing = asyncio.ensure_future(writer.flush())
         await asyncio.sleep(0.05)  # the store is under way in its thread
-        revoking = asyncio.ensure_future(writer.revoke({"p0"}))  # type: ignore[arg-type]
+        revoking = asyncio.ensure_future(writer.revoke({"p0"}, generation=1))  # type: ignore[arg-type]
         await asyncio.sleep(0.05)
         order.append("revoke still waiting" if not revoking.done() else "revoke returned early")
         release.set()
@@ -384,4 +411,6 @@ def test_a_rebalance_waits_for_the_batch_being_stored_before_the_partitions_move
 
     stream = asyncio.run(run())
     assert order == ["revoke still waiting", "stored", "revoked"]
-    assert [repr(event) for event in stream.acked] == ["a1"]
+    # Stored, yet not acknowledged: p0 is no longer this worker's; its owner reads a1 again from
+    # the committed offset and finds it stored.
+    assert stream.acked == []
