@@ -90,35 +90,46 @@ class SeekSafeConsumer(aiokafka_driver.Consumer):
             for _ in range(_TURNS_FOR_FETCH_LOOP):
                 await asyncio.sleep(0)
         await super().perform_seek()
+        uncommitted = []
         for tp in self.assignment():
-            if self.app.topics.acks_enabled_for(tp.topic):
-                await self._position_uncommitted(tp)
+            if not self.app.topics.acks_enabled_for(tp.topic):
+                continue
+            if self._committed_offset.get(tp) is None:
+                uncommitted.append(tp)
+                self._start.pop(tp, None)
+            else:
+                self._start[tp] = None  # commits continue from the committed offset
+        if uncommitted:
+            await self._position_uncommitted(uncommitted)
 
-    async def _position_uncommitted(self, tp: TP) -> None:
-        """Where the next commit of ``tp`` must start; for a partition without a committed
-        offset, also put the consumer back at the reset policy's position.
+    async def _position_uncommitted(self, partitions: list[TP]) -> None:
+        """Where the next commit of each partition the group has no committed offset for
+        (none, or 0) must start, and the consumer put back there.
 
-        aiokafka's ``seek_to_committed`` leaves a partition without a committed offset (none,
-        or 0) wherever its fetcher was. A worker that fetched records of such a partition and
-        dropped them in a rebalance (pending batch, cleared stream queues) would go on from past
-        them, never storing them: a CI run lost 1,697 of 15,000 samples so. With
-        ``earliest`` it is read again from its beginning (stored records are found and folded).
+        aiokafka's ``seek_to_committed`` leaves such a partition wherever its fetcher was. A
+        worker that fetched records of it and dropped them in a rebalance (pending batch,
+        cleared stream queues) would go on from past them, never storing them: a CI run lost
+        1,697 of 15,000 samples so. With ``earliest`` it is sought to its first offset (an
+        explicit seek: a lazy reset leaves no position, which faust's livelock check asserts
+        on); stored records are found again and folded.
         """
-        if self._committed_offset.get(tp) is not None:
-            self._start[tp] = None  # commits continue from the committed offset
-            return
-        self._start.pop(tp, None)
+        starts: dict[TP, int | None]
         try:
             if self.app.conf.consumer_auto_offset_reset == "earliest":
-                await self._thread.seek_to_beginning(TopicPartition(tp.topic, tp.partition))
-                self._read_offset[tp] = None
-            position = await self.position(tp)
-        except Exception as exc:  # its commits wait for the next seek
-            log.warning("%s:%d not positioned after the seek (%s): not committing it yet",
-                        tp.topic, tp.partition, exc)
+                beginnings = await self._thread.earliest_offsets(*partitions)
+                await self._thread.seek_wait(
+                    {TopicPartition(tp.topic, tp.partition): beginnings[tp] for tp in partitions})
+                starts = dict(beginnings)
+            else:
+                starts = {tp: await self.position(tp) for tp in partitions}
+        except Exception as exc:  # their commits wait for the next seek
+            log.warning("partitions without a committed offset not positioned after the seek (%s): "
+                        "not committing them yet", exc)
             return
-        if position is not None:
-            self._start[tp] = position
+        for tp in partitions:
+            start = starts.get(tp)
+            if start is not None:
+                self._start[tp] = start
 
     def _new_offset(self, tp: TP) -> int | None:
         """The offset to commit: one past the run of acknowledged offsets (gaps the fetch loop

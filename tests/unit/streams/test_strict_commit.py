@@ -4,7 +4,7 @@ faust's own bookkeeping (``ack``, ``_filter_committable_offsets``, ``perform_see
 is; only the consumer thread (aiokafka's consumer and the broker behind it) is a stand-in,
 behaving as aiokafka 0.12 does: ``seek_to_committed`` answers the committed offset per
 partition (None where the group has none) and moves the fetch position only to a committed
-offset above 0; ``seek_to_beginning`` moves it to the log start; ``position`` reports it.
+offset above 0; ``earliest_offsets`` answers the log start; ``seek_wait`` moves the position.
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ class ConsumerThreadStandIn:
             self.fetch_position = self.committed
         return {TP0: self.committed}
 
-    async def seek_to_beginning(self, *partitions: object) -> None:
-        self.fetch_position = self.log_start
+    async def earliest_offsets(self, *partitions: TP) -> Mapping[TP, int]:
+        return {tp: self.log_start for tp in partitions}
+
+    async def seek_wait(self, partitions: Mapping[TP, int]) -> None:
+        self.fetch_position = partitions[TP0]
 
     async def position(self, tp: TP) -> int | None:
         return self.fetch_position
@@ -57,7 +60,8 @@ def consumer_on(broker: ConsumerThreadStandIn, strict: bool = True) -> aiokafka_
     consumer = kind(transport, callback=ignore, on_partitions_revoked=ignore,
                     on_partitions_assigned=ignore)
     consumer._thread.seek_to_committed = broker.seek_to_committed  # type: ignore[method-assign,assignment]
-    consumer._thread.seek_to_beginning = broker.seek_to_beginning  # type: ignore[method-assign]
+    consumer._thread.earliest_offsets = broker.earliest_offsets  # type: ignore[method-assign]
+    consumer._thread.seek_wait = broker.seek_wait  # type: ignore[method-assign]
     consumer._thread.position = broker.position  # type: ignore[method-assign]
     consumer.assignment = lambda: {TP0}  # type: ignore[method-assign]
     return consumer
