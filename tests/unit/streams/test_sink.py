@@ -336,16 +336,27 @@ class FakeEvent:
         return self.name
 
 
-def test_a_revoked_partitions_pending_rows_are_dropped_and_the_rest_stored() -> None:
-    stored: list[list[str]] = []
+class RecordingStore:
+    """A store that takes every row and records each batch's event ids."""
 
-    def store(rows: Sequence[Row]) -> StoreResult:
-        stored.append([r[0] for r in rows])
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def __call__(self, rows: Sequence[Row]) -> StoreResult:
+        self.batches.append([r[0] for r in rows])
         return StoreResult(stored=len(rows))
 
-    async def run() -> FakeStream:
-        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=0.1)
+    def writer(self) -> tuple[BatchWriter, FakeStream]:
+        writer = BatchWriter(self, "rated", batch_size=100, max_backoff=0.1)
         writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        return writer, stream
+
+
+def test_a_revoked_partitions_pending_rows_are_dropped_and_the_rest_stored() -> None:
+    store = RecordingStore()
+
+    async def run() -> FakeStream:
+        writer, stream = store.writer()
         await writer.add(FakeEvent("a1", "p0"), [row("a1"), row("a1b")])  # type: ignore[arg-type]
         await writer.add(FakeEvent("b1", "p1"), [row("b1")])  # type: ignore[arg-type]
         await writer.add(FakeEvent("a2", "p0"), [])  # type: ignore[arg-type]
@@ -356,21 +367,16 @@ def test_a_revoked_partitions_pending_rows_are_dropped_and_the_rest_stored() -> 
 
     stream = asyncio.run(run())
     assert [repr(event) for event in stream.acked] == ["b1", "b2"]
-    assert stored == [["b1", "b2"]]
+    assert store.batches == [["b1", "b2"]]
 
 
 def test_an_event_fetched_before_its_partition_was_revoked_is_neither_stored_nor_acknowledged() -> None:
     """The agent held a2 (fetched in generation 1) while the rebalance dropped a1: storing and
     acknowledging a2 would make an offset past a1 committable, a1 never stored."""
-    stored: list[list[str]] = []
-
-    def store(rows: Sequence[Row]) -> StoreResult:
-        stored.append([r[0] for r in rows])
-        return StoreResult(stored=len(rows))
+    store = RecordingStore()
 
     async def run() -> FakeStream:
-        writer = BatchWriter(store, "rated", batch_size=100, max_backoff=0.1)
-        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        writer, stream = store.writer()
         await writer.add(FakeEvent("a1", "p0", generation=1), [row("a1")])  # type: ignore[arg-type]
         await writer.revoke({"p0"}, generation=1)  # type: ignore[arg-type]
         await writer.add(FakeEvent("a2", "p0", generation=1), [row("a2")])  # type: ignore[arg-type]
@@ -382,7 +388,7 @@ def test_an_event_fetched_before_its_partition_was_revoked_is_neither_stored_nor
 
     stream = asyncio.run(run())
     assert [repr(event) for event in stream.acked] == ["b1", "a1"]
-    assert stored == [["b1", "a1"]]
+    assert store.batches == [["b1", "a1"]]
 
 
 def test_a_rebalance_waits_for_the_batch_being_stored_before_the_partitions_move() -> None:
