@@ -145,7 +145,6 @@ class BatchWriter:
         self._idle.set()
         # Per partition, the consumer generation in which it was last revoked from this worker.
         self._revoked_in: dict[TP, int] = {}
-        self.stale_dropped = 0
 
     def stop(self) -> None:
         self._stopping.set()
@@ -170,7 +169,6 @@ class BatchWriter:
         nobody stored. It is read again from the committed offset, here or by the new owner.
         """
         if self._stale(event):
-            self.stale_dropped += 1
             return
         async with self.pending.lock:
             self.pending.events.append(event)

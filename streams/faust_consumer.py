@@ -74,7 +74,9 @@ class SeekSafeConsumer(aiokafka_driver.Consumer):
         await super().on_partitions_assigned(assigned, generation_id)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        self.forget_acknowledged(revoked)
+        # faust drops their acknowledgements itself; until the next seek, nothing is committed.
+        for tp in revoked:
+            self._start.pop(tp, None)
         await super().on_partitions_revoked(revoked)
 
     def forget_acknowledged(self, partitions: Iterable[TP]) -> None:
