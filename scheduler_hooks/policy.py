@@ -33,7 +33,7 @@ from decimal import Decimal
 from typing import cast
 
 # capacity_message (the filter's FailedNodes reason) is worded where the fit tables store it.
-from scheduler_hooks.placement import NEUTRAL_SCORE, PlacementIndex
+from scheduler_hooks.placement import NEUTRAL_SCORE, FitTable, PlacementIndex
 from scheduler_hooks.placement import capacity_message as capacity_message
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -149,6 +149,13 @@ class Policy:
                 detail = f"holds {held} GPUs, pod needs {pod.gpus}, limit {limit}"
                 return quota_message(tenant, "max_gpus", detail)
         return None
+
+    def fit_table(self, pod: PodRequest) -> FitTable | None:
+        """The fit table answering this pod's filter and prioritize; None where placement does
+        not apply: a pod without GPUs (passes everywhere, scores 0) or one refused by quota."""
+        if pod.gpus <= 0 or self.refusal(pod) is not None:
+            return None
+        return self.view.placement.fit(pod.gpus)
 
     # -- kube-scheduler verbs --------------------------------------------------------------
     def filter(self, pod: PodRequest, node_names: Iterable[str], *, distinct: bool = True) -> FilterResult:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from scheduler_hooks.json_pieces import HostPieces
 from scheduler_hooks.placement import PlacementIndex
 from scheduler_hooks.policy import ClusterView, PodRequest, Policy
 from scheduler_hooks.state import HooksState, WatchedNode, WatchedPod
 from scheduler_hooks.wire_kube import (
-    _HostPieces,
     encode_host_priorities,
     handle_filter,
+    handle_filter_encoded,
     handle_prioritize,
     handle_prioritize_encoded,
 )
@@ -30,9 +31,19 @@ def short(free: int, k: int) -> str:
 
 
 def answer(index: PlacementIndex, node: str, k: int) -> tuple[int | None, str | None]:
-    """(score, failure reason) of one node in the fit table of k; (None, None) when absent."""
+    """(score, failure reason) of one node in the fit table of k; (None, None) when absent.
+
+    Also checks the table's JSON pieces say the same: the host piece carries the score (an
+    absent node answers the neutral 5 without being stored), the failure piece the reason.
+    """
     table = index.fit(k)
-    return table.scores.get(node), table.short.get(node)
+    score, reason = table.scores.get(node), table.short.get(node)
+    shown = 5 if score is None else score
+    assert table.hosts[node] == b'{"Host":"%s","Score":%d}' % (node.encode(), shown)
+    assert (node in table.hosts) == (score is not None)
+    expected_failure = None if reason is None else b'"%s":"%s"' % (node.encode(), reason.encode())
+    assert table.failures.get(node) == expected_failure
+    return score, reason
 
 
 # -- PlacementIndex ----------------------------------------------------------------------------
@@ -162,6 +173,45 @@ def test_filter_answer_lists_a_repeated_name_as_often_as_sent() -> None:
     assert answer_["Nodes"] is None
 
 
+FILTER_CASES = {
+    "some fail": (["l40s-b", "h100-a", "mystery", "l40s-a"], "team-a", 2),
+    "all pass": (["h100-a", "h100-b", "mystery"], "team-a", 2),
+    "all fail": (["l40s-b", "h100-a"], "team-a", 4),
+    "repeats": (REPEATED, "team-a", 2),
+    "escapes": (['quo"te', "\u00fc-node", "\ud800x", "l40s-b", "back\\slash"], "team-a", 2),
+    "refused tenant": (["l40s-b", "h100-a"], "team-b", 2),
+    "no names": ([], "team-a", 2),
+    "pod without GPUs": (["l40s-b", "h100-a"], "team-a", 0),
+}
+
+
+def test_encoded_filter_answers_what_the_plain_filter_does() -> None:
+    for case, (names, namespace, gpus) in FILTER_CASES.items():
+        document = {"Pod": pod_json(namespace=namespace, gpus=gpus), "Nodes": None, "NodeNames": names}
+        encoded = handle_filter_encoded(document, POLICY)
+        decoded = json.loads(encoded) if isinstance(encoded, bytes) else encoded
+        assert decoded == handle_filter(document, POLICY), case
+
+
+def test_encoded_filter_is_the_exact_json_of_the_hot_path() -> None:
+    # Written out by hand: h100-a has 2 free, l40s-b 1 free (too few for 2), mystery unknown.
+    document = extender_args(["l40s-b", "h100-a", "mystery", "l40s-b"])
+    assert handle_filter_encoded(document, POLICY) == (
+        b'{"Nodes":null,"NodeNames":["h100-a","mystery"],'
+        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2",'
+        b'"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
+        b'"FailedAndUnresolvableNodes":{},"Error":""}'
+    )
+
+
+def test_encoded_filter_with_full_nodes_answers_the_plain_way() -> None:
+    items = [{"metadata": {"name": name}} for name in ("l40s-b", "h100-a")]
+    document = {"Pod": pod_json(gpus=2), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+    answer_ = handle_filter_encoded(document, POLICY)
+    assert answer_ == handle_filter(document, POLICY)
+    assert isinstance(answer_, dict) and answer_["Nodes"]["items"] == [items[1]]
+
+
 def test_encoded_priorities_are_the_json_of_the_plain_answer() -> None:
     # Names a JSON writer must escape; none is known, so each scores neutral 5, except h100-a.
     names = ['quo"te', "back\\slash", "\u00fc-node", "\ud800x", "h100-a", 'quo"te']
@@ -178,7 +228,7 @@ def test_encoded_priorities_are_the_json_of_the_plain_answer() -> None:
 
 
 def test_host_pieces_stay_bounded() -> None:
-    pieces = _HostPieces(7, limit=2)
+    pieces = HostPieces(7, limit=2)
     assert [pieces[name] for name in ("a", "b", "c")] == [
         b'{"Host":"a","Score":7}', b'{"Host":"b","Score":7}', b'{"Host":"c","Score":7}']
     assert len(pieces) <= 2
