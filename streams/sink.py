@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import operator
 import re
 import struct
 import threading
@@ -48,6 +49,7 @@ from clickhouse_connect.driver.external import ExternalData
 from gpumeter.core import jsonio
 from gpumeter.core.models import RatedUsage
 from gpumeter.infra import clickhouse
+from gpumeter.infra.insert import insert_rows
 from gpumeter.infra.schema import DEAD_LETTERS, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from gpumeter.infra.tables import Table
 
@@ -123,6 +125,7 @@ _PARTITION = RATED_USAGE.insert_columns.index("source_partition")
 _OFFSET = RATED_USAGE.insert_columns.index("source_offset")
 _FINGERPRINT = tuple(RATED_USAGE.insert_columns.index(name) for name in FINGERPRINT_COLUMNS)
 _EVENT_ID_ROW = (_ID, *_FINGERPRINT, _PERIOD)
+_event_id_row = operator.itemgetter(*_EVENT_ID_ROW)  # a rated row's event_ids row
 
 
 def _utc_naive(value: Any) -> Any:
@@ -240,8 +243,7 @@ class ClickHouseSink:
         # _already_inserted on the retry, never by skipping a row that was not stored.
         recorded = [row for row in unique.values() if id(row) not in refused]
         if recorded:
-            client.insert(EVENT_IDS.name, [tuple(row[i] for i in _EVENT_ID_ROW) for row in recorded],
-                          column_names=list(EVENT_IDS.insert_columns))
+            insert_rows(client, EVENT_IDS, list(map(_event_id_row, recorded)))
         result.stored = inserted.stored
         result.rejected = inserted.rejected
         self.counters.skipped_duplicates += len(rows) - len(fresh) - len(result.conflicts)
@@ -322,10 +324,11 @@ class ClickHouseSink:
         """
         if not rows:
             return StoreResult()
-        named_insert: dict[str, Any] = (
-            {"settings": {"insert_deduplication_token": insert_token(rows)}} if named else {})
+        settings = {"insert_deduplication_token": insert_token(rows)} if named else None
         try:
-            client.insert(table.name, rows, column_names=list(table.insert_columns), **named_insert)
+            # Declared types, Decimals as text: no DESCRIBE per insert, no per-value Decimal
+            # encoding in Python; a value beyond its column is refused (permanent), never NULL.
+            insert_rows(client, table, rows, settings)
             return StoreResult(stored=len(rows))
         except Exception as exc:
             if not is_permanent(exc):

@@ -1,9 +1,13 @@
 """The sink's split of permanent from transient failures, on a named fake client.
 
-FakeClickHouseClient behaves like clickhouse-connect's HTTP client where the sink relies on
-it: ``insert`` of a batch holding a value outside its column raises DataError for the whole
-batch (as the real client does while encoding), a server that is away raises
-OperationalError, and a server-side refusal is DatabaseError carrying "Code: N". Its
+FakeClickHouseClient behaves like clickhouse-connect's HTTP client and the server where the
+sink relies on them: ``insert`` takes the real client's arguments (rows or columns, type
+names); a batch holding a value the client cannot encode into its column raises for the
+whole batch (DataError for an Int32 out of range, AttributeError for a non-text value in a
+String column), a server that is away raises OperationalError, and a server-side refusal is
+DatabaseError carrying "Code: N". Text sent for a Decimal column is stored as the server
+converts it, including its one silent failure: a value beyond the precision of a Nullable
+Decimal column becomes NULL. Its
 ``event_ids`` behaves like the MergeTree table: every recorded copy is kept, in insertion
 order; and an insert carrying an insert_deduplication_token it has seen is dropped, as the
 engine does for a table with non_replicated_deduplication_window.
@@ -12,21 +16,62 @@ engine does for a table with non_replicated_deduplication_window.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_DOWN, Context, Decimal
 from typing import Any
 
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError, DataError, OperationalError
 from clickhouse_connect.driver.external import ExternalData
 
-from gpumeter.infra.schema import EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
+from gpumeter.infra.schema import DEAD_LETTERS, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
+from gpumeter.infra.tables import Table
 from streams.app import BatchWriter
 from streams.sink import IDS_TABLE, ClickHouseSink, Row, StoreResult, insert_token, is_permanent
 
 PRIORITY = RATED_USAGE.insert_columns.index("priority")
+
+
+TABLES = {table.name: table for table in (RATED_USAGE, EVENT_IDS, DEAD_LETTERS)}
+_TEXT = re.compile(r"(LowCardinality\()?(Nullable\()?String\)*")
+_DECIMAL = re.compile(r"^(Nullable\()?Decimal\((\d+), *(\d+)\)\)?$")
+
+
+def encode_like_the_client(type_name: str, value: Any, column: str) -> None:
+    """The client's own refusals while encoding (it sends nothing then)."""
+    if value is None:
+        if "Nullable" not in type_name:
+            raise DataError(f"Invalid None value in non-Nullable column, column name: `{column}`")
+    elif type_name == "Int32" and not -(2**31) <= value < 2**31:
+        raise DataError(f"Unable to create native array for column `{column}`: error")
+    elif _TEXT.fullmatch(type_name) and not isinstance(value, str):
+        raise AttributeError(f"'{type(value).__name__}' object has no attribute 'encode'")
+    elif "Decimal" in type_name:
+        Decimal(str(value))  # InvalidOperation for a value that is not a number
+
+
+def stored_like_the_server(declared: Table, types: list[str], values: Row) -> Row:
+    """Text sent for a Decimal column converted as the server converts it: digits beyond the
+    scale truncated; beyond the precision, NULL in a Nullable column (silently), else code 69."""
+    stored = list(values)
+    for index, column in enumerate(c for c in declared.columns if c.default is None):
+        match = _DECIMAL.match(column.type)
+        if match is None or not isinstance(values[index], str):
+            continue
+        assert "String" in types[index]
+        precision, scale = int(match.group(2)), int(match.group(3))
+        number = Decimal(values[index]).quantize(Decimal(1).scaleb(-scale), rounding=ROUND_DOWN,
+                                                 context=Context(prec=100))
+        if abs(number) >= Decimal(10) ** (precision - scale):
+            if match.group(1):
+                stored[index] = None
+                continue
+            raise DatabaseError(f"Code: 69. DB::Exception: Decimal value is too big: {values[index]}")
+        stored[index] = number
+    return tuple(stored)
 
 
 class FakeResult:
@@ -57,24 +102,35 @@ class FakeClickHouseClient:
             return FakeResult([stored[:width] for stored in self.event_ids if stored[0] in wanted])
         return FakeResult([(row[0],) for row in self.tables["rated_usage"] if row[0] in wanted])
 
-    def insert(self, table: str, rows: Sequence[Row], column_names: list[str],
-               settings: dict[str, Any] | None = None) -> None:
+    def insert(self, table: str | None = None, data: Sequence[Sequence[Any]] | None = None,
+               column_names: str | Sequence[str] | None = "*", database: str | None = None,
+               column_types: Sequence[Any] | None = None, column_type_names: Sequence[str] | None = None,
+               column_oriented: bool = False, settings: dict[str, Any] | None = None,
+               context: Any = None, transport_settings: dict[str, str] | None = None) -> None:
+        """clickhouse-connect's ``Client.insert`` signature; rows as the server would store them."""
+        assert table is not None and data is not None and database is None and context is None
+        declared = TABLES[table]
+        assert list(column_names or []) == list(declared.insert_columns)
+        rows = [tuple(r) for r in (zip(*data, strict=True) if column_oriented else data)]
+        types = list(column_type_names) if column_type_names is not None else [
+            column.type for column in declared.columns if column.default is None]
         self.inserts += 1
         if self.down_for > 0:
             self.down_for -= 1
             raise OperationalError("HTTPConnectionPool(host='127.0.0.1', port=8123): connection refused")
         if self.server_error is not None:
             raise DatabaseError(self.server_error)
+        if table == EVENT_IDS.name and self.event_ids_down_for > 0:
+            self.event_ids_down_for -= 1
+            raise OperationalError("connection reset by peer")
+        # The client encodes the values as it streams the request: a failure stores nothing.
+        for index, type_name in enumerate(types):
+            for value in (r[index] for r in rows):
+                encode_like_the_client(type_name, value, declared.insert_columns[index])
+        rows = [stored_like_the_server(declared, types, r) for r in rows]
         if table == EVENT_IDS.name:
-            if self.event_ids_down_for > 0:
-                self.event_ids_down_for -= 1
-                raise OperationalError("connection reset by peer")
-            assert column_names == list(EVENT_IDS.insert_columns)
             self.event_ids.extend(rows)
             return
-        for row in rows:
-            if not -(2**31) <= row[PRIORITY] < 2**31:
-                raise DataError("Unable to create native array for column `priority`: error")
         token = (settings or {}).get("insert_deduplication_token")
         if token in self.tokens:
             return
@@ -90,10 +146,14 @@ START = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def row(event_id: str, priority: int = 0, **changes: Any) -> Row:
-    values: dict[str, Any] = dict.fromkeys(RATED_USAGE.insert_columns)
-    values.update(event_id=event_id, tenant="team-a", period="2026-11", priority=priority, kind="gpu",
-                  window_start=START, window_end=START + timedelta(hours=1), quantity=Decimal(1),
-                  unit_seconds=Decimal(3600), gpu_model="H100-SXM-80GB", capacity_type="on-demand")
+    values: dict[str, Any] = dict(
+        event_id=event_id, tenant="team-a", period="2026-11", kind="gpu", cluster="c1", node="n1",
+        namespace="ns", pod="p", pod_uid="uid-1", window_start=START, window_end=START + timedelta(hours=1),
+        quantity=Decimal(1), unit_seconds=Decimal(3600), gpu_model="H100-SXM-80GB", mig_profile=None,
+        capacity_type="on-demand", priority=priority, rate_card="2026-11", currency="USD",
+        unit_price=Decimal("2.5"), capacity_multiplier=Decimal(1), list_cost=Decimal("2.5"),
+        utilization=Decimal("0.5"), energy_joules=None, labels={}, source_partition=0, source_offset=0)
+    assert set(values) == set(RATED_USAGE.insert_columns)
     values.update(changes)
     return tuple(values[column] for column in RATED_USAGE.insert_columns)
 
@@ -420,3 +480,35 @@ def test_a_rebalance_waits_for_the_batch_being_stored_before_the_partitions_move
     # Stored, yet not acknowledged: p0 is no longer this worker's; its owner reads a1 again from
     # the committed offset and finds it stored.
     assert stream.acked == []
+
+
+UTILIZATION = RATED_USAGE.insert_columns.index("utilization")
+LIST_COST = RATED_USAGE.insert_columns.index("list_cost")
+
+
+def test_a_value_beyond_its_nullable_decimal_column_is_refused_not_stored_as_null() -> None:
+    """utilization is Nullable(Decimal(18, 6)): the server would store 10^12 as NULL."""
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    rows = [row("e0"), row("e1", utilization=Decimal(10) ** 12),
+            row("e2", utilization=Decimal("999999999999.999999"))]
+    result = sink.store_rated(rows)
+    assert [r[0] for r, _ in result.rejected] == ["e1"]
+    assert "Decimal(18, 6)" in result.rejected[0][1]
+    assert {r[0]: r[UTILIZATION] for r in client.tables["rated_usage"]} == {
+        "e0": Decimal("0.5"), "e2": Decimal("999999999999.999999")}
+    assert sorted(r[0] for r in client.event_ids) == ["e0", "e2"]
+
+
+def test_decimal_values_are_stored_exactly() -> None:
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    cost = Decimal("0.045833333333333333")  # 18 places: the column's scale
+    quantity = Decimal("0.142857142857")  # a 1/7 MIG share at 12 places
+    sink.store_rated([row("e1", list_cost=cost, quantity=quantity, unit_seconds=quantity * 3600,
+                          utilization=None)])
+    (stored,) = client.tables["rated_usage"]
+    assert stored[LIST_COST] == cost
+    assert stored[RATED_USAGE.insert_columns.index("quantity")] == quantity
+    assert stored[RATED_USAGE.insert_columns.index("unit_seconds")] == Decimal("514.2857142852")
+    assert stored[UTILIZATION] is None
