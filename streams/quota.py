@@ -50,6 +50,7 @@ from quota.accounting import (
     reevaluate,
     status,
 )
+from streams.quota_decode import read_usages
 
 log = logging.getLogger("gpumeter.quota")
 
@@ -221,9 +222,13 @@ class QuotaProcessor:
 
     def process_record(self, record: bytes) -> list[QuotaEvent]:
         """One rated record: its usages grouped by the samples record they came from."""
+        located = read_usages(record)  # the rating agent's own records, read fast; else RatedLine
+        if located is None:
+            located = [(line.source_partition, line.source_offset, line.usage())
+                       for line in decode_rated(record)]
         groups: dict[tuple[int, int], list[Usage]] = {}
-        for line in decode_rated(record):
-            groups.setdefault((line.source_partition, line.source_offset), []).append(line.usage())
+        for partition, offset, usage in located:
+            groups.setdefault((partition, offset), []).append(usage)
         events: list[QuotaEvent] = []
         for (partition, offset), usages in groups.items():
             events += self._process(usages, partition, offset)

@@ -1,0 +1,131 @@
+"""The quota agent's fast reading of rated records against RatedLine, on the same bytes.
+
+Reference: ``decode_rated`` (RatedLine, pydantic), the definition of a rated line. For the
+rating agent's own records the fast path must answer, with equal usages (values and their
+text, so ledgers serialise the same); for every variation of a line it either answers
+exactly what RatedLine answers or declines (None), never accepts what RatedLine refuses.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from gpumeter.core import jsonio
+from gpumeter.core.records import join
+from quota.accounting import Usage
+from streams.quota import BadRatedRecord, decode_rated
+from streams.quota_decode import read_usages
+from streams.stage import RatingStage, encode_rated
+from testkit.builders import card_set, random_samples
+
+Located = tuple[int, int, Usage]
+
+
+def reference(record: bytes) -> list[Located]:
+    return [(line.source_partition, line.source_offset, line.usage()) for line in decode_rated(record)]
+
+
+def texts(located: list[Located]) -> list[str]:
+    return [repr(entry) for entry in located]  # Decimals and datetimes by their repr: exponent, tz
+
+
+def rated_records() -> list[bytes]:
+    stage = RatingStage(card_set(), "samples")
+    samples = random_samples(seed=11, count=400)
+    records = []
+    for first in range(0, len(samples), 25):
+        outcomes = [stage.process(jsonio.dumpb(s), 3, first) for s in samples[first:first + 25]]
+        records.append(join([encode_rated(o.rated) for o in outcomes if o.rated is not None]))
+    return records
+
+
+RECORDS = rated_records()
+
+
+def test_the_rating_agents_records_are_read_fast_and_alike() -> None:
+    lines = 0
+    for record in RECORDS:
+        fast = read_usages(record)
+        assert fast is not None
+        expected = reference(record)
+        assert fast == expected
+        assert texts(fast) == texts(expected)
+        lines += len(fast)
+    assert lines > 300  # most of the 400 samples rated (October and November cards)
+
+
+LINE: dict[str, Any] = orjson.loads(RECORDS[0].split(b"\n")[0])
+
+# Each variation replaces (or with None-as-missing, removes) one field of a real line.
+MISSING = object()
+VARIATIONS: list[tuple[str, Any]] = [
+    ("event_id", ""), ("event_id", 7), ("event_id", MISSING),
+    ("kind", "gpu "), ("kind", "GPU"), ("kind", ["gpu"]), ("kind", MISSING),
+    ("tenant", "Team-A"), ("tenant", "team-a\n"), ("tenant", "-team"), ("tenant", "a" * 64), ("tenant", 3),
+    ("namespace", None), ("pod", 1), ("pod_uid", MISSING),
+    ("window_start", "2026-10-30T02:00:00+02:00"), ("window_start", "2026-10-30T00:00:00"),
+    ("window_start", "2026-10-30 00:00:00Z"), ("window_start", "2026-10-30T00:00:00.123456789Z"),
+    ("window_start", 1793318400), ("window_start", "2026-10-30T00:01:00Z"),
+    ("window_end", "2026-10-29T23:00:00Z"),
+    ("quantity", "1.000000000000"), ("quantity", " 1"), ("quantity", "1_0"), ("quantity", "+1"),
+    ("quantity", "1e2"), ("quantity", "\u0663"), ("quantity", "NaN"), ("quantity", "Infinity"),
+    ("quantity", "-0"),
+    ("quantity", "-1"), ("quantity", 1), ("quantity", 1.5), ("quantity", "0x10"), ("quantity", ".5"),
+    ("unit_seconds", "0E-18"), ("unit_seconds", MISSING), ("list_cost", "0E-18"), ("list_cost", "-0.1"),
+    ("capacity_type", "spot"), ("capacity_type", "Spot"), ("capacity_type", MISSING), ("capacity_type", None),
+    ("priority", -2147483648), ("priority", 1.0), ("priority", True), ("priority", "5"), ("priority", 2**70),
+    ("priority", MISSING), ("source_partition", MISSING), ("source_offset", -7), ("source_offset", 2.5),
+    ("extra_field", {"nested": [1, 2]}),
+]
+
+
+def varied(name: str, value: Any) -> bytes:
+    document = dict(LINE)
+    if value is MISSING:
+        document.pop(name, None)
+    else:
+        document[name] = value
+    return json.dumps(document, separators=(",", ":")).encode()  # json: big ints too
+
+
+@pytest.mark.parametrize(("name", "value"), VARIATIONS, ids=[f"{n}={v!r}"[:40] for n, v in VARIATIONS])
+def test_a_varied_line_is_read_alike_or_left_to_rated_line(name: str, value: Any) -> None:
+    record = join([RECORDS[0].split(b"\n")[1], varied(name, value)])
+    fast = read_usages(record)
+    try:
+        expected = reference(record)
+    except BadRatedRecord:
+        assert fast is None
+        return
+    if fast is not None:
+        assert fast == expected
+        assert texts(fast) == texts(expected)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"not json", b"[1, 2]", b'{"event_id": "e1"', b"null", b'"text"',
+     # duplicate keys: whichever copy a parser keeps, the fast path must keep the same one
+     varied("tenant", "team-a")[:-1] + b',"tenant":"team-b"}'],
+    ids=["not-json", "array", "truncated", "null", "string", "duplicate-key"],
+)
+def test_lines_that_are_no_rated_object(line: bytes) -> None:
+    record = join([RECORDS[0].split(b"\n")[0], line])
+    fast = read_usages(record)
+    try:
+        expected = reference(record)
+    except BadRatedRecord:
+        assert fast is None
+        return
+    assert fast is None or (fast == expected and texts(fast) == texts(expected))
+
+
+def test_the_canonical_variations_are_taken_by_the_fast_path() -> None:
+    """Values the rating agent writes in other forms (a zero cost, other capacity types)."""
+    for name, value in [("list_cost", "0E-18"), ("capacity_type", "spot"), ("capacity_type", MISSING),
+                        ("quantity", "1.000000000000"), ("priority", -2147483648)]:
+        assert read_usages(varied(name, value)) is not None, name
