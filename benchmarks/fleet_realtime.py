@@ -48,12 +48,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
+
+# benchmarks/pipeline.py (this script's own directory is first on sys.path)
+from pipeline import cpu_seconds, make_payloads, percentile, publish, stored, wait_stored  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
 
-from benchmarks.pipeline import cpu_seconds, make_payloads, percentile, publish, stored, wait_stored  # noqa: E402
 from collectors.sim.config import FleetConfig, TenantSpec  # noqa: E402
 from collectors.sim.fleet import SimulatedFleet  # noqa: E402
 from collectors.sim.runner import FleetPublisher  # noqa: E402

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import random
 import signal
@@ -641,8 +642,27 @@ class _Worker(faust.Worker):
         super()._schedule_shutdown(signum)
 
 
+# Young-generation collections every GC_YOUNG_THRESHOLD container allocations, not 700.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Collect garbage cycles at a pace fit for a worker allocating a dozen objects a sample.
+
+    With the defaults, collections cost the worker ~10 µs a sample (measured with gc.callbacks
+    on the rating, quota and sink path), most of it full collections traversing the
+    hundreds of thousands of objects that imports and start-up leave behind, which live as
+    long as the process. Those are frozen (never traversed again) and young collections run
+    less often; what refcounting frees is unaffected, cycles are still collected.
+    """
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
 def run_worker(settings: Settings, loglevel: str = "warn") -> None:
     """Run the worker until SIGTERM/SIGINT: unstored batches stay uncommitted."""
     built = create_app(settings)
     worker = _Worker(built.app, built.writers, loglevel=loglevel, quiet=True)
+    tune_gc()  # after the start-up objects exist
     worker.execute_from_commandline()

@@ -1,0 +1,44 @@
+"""The worker's garbage-collector pacing (streams.app.tune_gc)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from streams.app import GC_YOUNG_THRESHOLD, tune_gc
+
+
+@pytest.fixture
+def restored_gc() -> Iterator[None]:
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_start_up_objects_are_frozen_and_young_collections_are_paced() -> None:
+    gc.unfreeze()
+    _, middle, old = gc.get_threshold()
+    survivor = [object()]  # a container alive before tuning: frozen with the start-up heap
+    tune_gc()
+    assert gc.get_freeze_count() > 0
+    assert not any(obj is survivor for obj in gc.get_objects())  # no longer traversed
+    assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, middle, old)
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_cycles_made_after_tuning_are_still_collected() -> None:
+    tune_gc()
+
+    class Node:
+        def __init__(self) -> None:
+            self.me = self
+
+    probe = weakref.ref(Node())  # a self-referencing object: only the cycle collector frees it
+    assert probe() is not None
+    gc.collect()
+    assert probe() is None
