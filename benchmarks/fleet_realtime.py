@@ -36,7 +36,6 @@ import queue
 import resource
 import sys
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,7 +49,15 @@ if str(ROOT) not in sys.path:
 from kafka import KafkaConsumer, TopicPartition  # noqa: E402
 
 # benchmarks/pipeline.py (this script's own directory is first on sys.path)
-from pipeline import cpu_seconds, make_payloads, percentile, publish, stored, wait_stored  # noqa: E402
+from pipeline import (  # noqa: E402
+    cpu_seconds,
+    isolated_namespace,
+    make_payloads,
+    percentile,
+    publish,
+    stored,
+    wait_stored,
+)
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -59,11 +66,10 @@ from rich.text import Text  # noqa: E402
 from collectors.sim.config import FleetConfig, TenantSpec  # noqa: E402
 from collectors.sim.fleet import SimulatedFleet  # noqa: E402
 from collectors.sim.runner import FleetPublisher  # noqa: E402
-from gpumeter.app import schema  # noqa: E402
 from gpumeter.app.runtime import services  # noqa: E402
 from gpumeter.app.runtime.worker_process import WorkerProcess  # noqa: E402
 from gpumeter.core import topics  # noqa: E402
-from gpumeter.core.settings import Settings, load_settings  # noqa: E402
+from gpumeter.core.settings import Settings  # noqa: E402
 from gpumeter.infra import clickhouse, kafka  # noqa: E402
 
 console = Console()
@@ -532,14 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.nodes < 1 or args.minutes <= 0 or args.sample_seconds <= 0:
         parser.error("--nodes, --minutes and --sample-seconds must be positive")
 
-    base = load_settings()
-    with console.status("starting local services..."):
-        services.up(base)
-    tag = uuid.uuid4().hex[:8]
-    settings = services.namespaced(base, f"fleet-{tag}.", f"fleet_{tag}", "gpumeter-fleet")
-    kafka.ensure_topics(settings.kafka)
-    client = clickhouse.connect(settings.clickhouse.dsn)
-    schema.migrate(client)
+    settings, client, tag = isolated_namespace("fleet")
     worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-fleet-{tag}.log", "warn")
     try:
         with console.status("starting the worker..."):

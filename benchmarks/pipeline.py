@@ -170,6 +170,21 @@ def percentile(values: list[float], fraction: float) -> float:
     return values[min(len(values) - 1, int(fraction * len(values)))]
 
 
+def isolated_namespace(name: str) -> tuple[Settings, Any, str]:
+    """The local services of `gpumeter up` (started if needed) and a namespace of this run's own:
+    topics ``<name>-<tag>.``, database ``<name>_<tag>``, consumer group ``gpumeter-<name>``, the
+    schema migrated. Returns the settings, a ClickHouse client of that database and the tag."""
+    base = load_settings()
+    with console.status("starting local services..."):
+        services.up(base)
+    tag = uuid.uuid4().hex[:8]
+    settings = services.namespaced(base, f"{name}-{tag}.", f"{name}_{tag}", f"gpumeter-{name}")
+    kafka.ensure_topics(settings.kafka)
+    client = clickhouse.connect(settings.clickhouse.dsn)
+    schema.migrate(client)
+    return settings, client, tag
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,14 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paced-seconds", type=float, default=15.0)
     args = parser.parse_args(argv)
 
-    base = load_settings()
-    with console.status("starting local services..."):
-        services.up(base)
-    tag = uuid.uuid4().hex[:8]
-    settings = services.namespaced(base, f"bench-{tag}.", f"bench_{tag}", "gpumeter-bench")
-    kafka.ensure_topics(settings.kafka)
-    client = clickhouse.connect(settings.clickhouse.dsn)
-    schema.migrate(client)
+    settings, client, _ = isolated_namespace("bench")
     paced_count = int(args.paced_rate * args.paced_seconds)
     samples = make_payloads(args.samples + paced_count + 1)
     warmup, saturated, paced = samples[0], samples[1:args.samples + 1], samples[args.samples + 1:]
