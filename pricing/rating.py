@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Context, Decimal, getcontext
 
 from gpumeter.core.models import RatedUsage, SampleRejected, UsageSample, trusted, utc_month
-from gpumeter.core.money import per_hour, product, to_store
+from gpumeter.core.money import SECONDS_PER_HOUR, STORE_QUANTUM, exact, per_hour, product, to_store
 from gpumeter.core.ratecard import Rate, RateCard, RateCardSet
 
 
@@ -27,17 +27,22 @@ class Rater:
     def __init__(self, cards: RateCardSet) -> None:
         self.cards = cards
         self._rates: dict[tuple[str, str, str | None, str | None], Rate | None] = {}
-        # window_start -> (card in force, UTC instant, invoice month); window_end -> UTC instant.
-        # The samples of one window share these, so each is worked out once per window.
-        self._starts: dict[datetime, tuple[RateCard | None, datetime, str]] = {}
+        # window_start -> (card in force, UTC instant, invoice month, that card's prices);
+        # window_end -> UTC instant. The samples of one window share these, so each is worked
+        # out once per window.
+        self._starts: dict[datetime, _Start] = {}
         self._ends: dict[datetime, datetime] = {}
+        # card version -> (kind, gpu_model, mig_profile, capacity_type) -> price, None = no rate.
+        self._prices: dict[str, dict[_Selector, _Price | None]] = {}
 
-    def _start(self, moment: datetime) -> tuple[RateCard | None, datetime, str]:
+    def _start(self, moment: datetime) -> _Start:
         found = self._starts.get(moment)
         if found is None:
             if len(self._starts) >= _MOMENT_CACHE_SIZE:
                 self._starts.clear()
-            found = (self.cards.card_at(moment), moment.astimezone(UTC), utc_month(moment))
+            card = self.cards.card_at(moment)
+            prices = {} if card is None else self._prices.setdefault(card.version, {})
+            found = (card, moment.astimezone(UTC), utc_month(moment), prices)
             self._starts[moment] = found
         return found
 
@@ -57,57 +62,95 @@ class Rater:
             self._rates[key] = find_rate(card, kind, gpu_model, mig_profile)
         return self._rates[key]
 
+    def _price(self, card: RateCard, selector: _Selector) -> _Price | None:
+        """What a card charges for one selector: its most specific rate's list price and the
+        capacity multiplier, worked out once per card and selector."""
+        kind, gpu_model, mig_profile, capacity_type = selector
+        rate = self.rate_for(card, kind, gpu_model, mig_profile)
+        if rate is None:
+            return None
+        return (card.version, card.currency, rate.list_price, card.capacity_multipliers[capacity_type])
+
     def rate(self, sample: UsageSample, partition: int = -1, offset: int = -1) -> RatedUsage:
         """The sample with its streaming list cost, or SampleRejected(code='no_rate')."""
-        card, window_start, period = self._start(sample.window_start)
+        # The validated sample's fields, read from its instance dict: one dict lookup each
+        # instead of an attribute lookup through the model's class hierarchy.
+        fields = sample.__dict__
+        start, end = fields["window_start"], fields["window_end"]
+        card, window_start, period, prices = self._starts.get(start) or self._start(start)
         if card is None:
             raise SampleRejected(
                 f"no rate card in force at {sample.window_start.isoformat()}", code="no_rate"
             )
-        rate = self.rate_for(card, sample.kind, sample.gpu_model, sample.mig_profile)
-        if rate is None:
+        kind, gpu_model, mig_profile = fields["kind"], fields["gpu_model"], fields["mig_profile"]
+        capacity_type = fields["capacity_type"]
+        selector = (kind, gpu_model, mig_profile, capacity_type)
+        try:
+            price = prices[selector]
+        except KeyError:
+            price = prices[selector] = self._price(card, selector)
+        if price is None:
             raise SampleRejected(
-                f"rate card {card.version} has no rate for kind={sample.kind} "
-                f"gpu_model={sample.gpu_model} mig_profile={sample.mig_profile}",
+                f"rate card {card.version} has no rate for kind={kind} "
+                f"gpu_model={gpu_model} mig_profile={mig_profile}",
                 code="no_rate",
             )
-        multiplier = card.capacity_multipliers[sample.capacity_type]
-        unit_seconds = sample.unit_seconds
+        version, currency, unit_price, multiplier = price
+        quantity = fields["quantity"]
+        # The same operations, in the same order and context, as UsageSample.unit_seconds and
+        # list_cost() below (tests/unit/pricing/test_rating_cache.py holds them to it), without
+        # their call frames.
+        unit_seconds = _multiply(quantity, sample.window_seconds)
+        cost = _divide(_multiply(_multiply(unit_seconds, unit_price), multiplier), SECONDS_PER_HOUR)
+        cost = cost.quantize(STORE_QUANTUM, ROUND_HALF_UP, _CONTEXT)
         # Every field comes from a validated sample, card or exact arithmetic: constructed
         # without re-validation (model_construct's own loop was half the rating stage's time).
         return trusted(RatedUsage, {
-            "event_id": sample.event_id,
-            "kind": sample.kind,
-            "cluster": sample.cluster,
-            "node": sample.node,
-            "tenant": sample.tenant,
-            "namespace": sample.namespace,
-            "pod": sample.pod,
-            "pod_uid": sample.pod_uid,
+            "event_id": fields["event_id"],
+            "kind": kind,
+            "cluster": fields["cluster"],
+            "node": fields["node"],
+            "tenant": fields["tenant"],
+            "namespace": fields["namespace"],
+            "pod": fields["pod"],
+            "pod_uid": fields["pod_uid"],
             "window_start": window_start,
-            "window_end": self._end(sample.window_end),
+            "window_end": self._ends.get(end) or self._end(end),
             "period": period,
-            "quantity": sample.quantity,
+            "quantity": quantity,
             "unit_seconds": unit_seconds,
-            "gpu_model": sample.gpu_model,
-            "mig_profile": sample.mig_profile,
-            "capacity_type": sample.capacity_type,
-            "priority": sample.priority,
-            "rate_card": card.version,
-            "currency": card.currency,
-            "unit_price": rate.list_price,
+            "gpu_model": gpu_model,
+            "mig_profile": mig_profile,
+            "capacity_type": capacity_type,
+            "priority": fields["priority"],
+            "rate_card": version,
+            "currency": currency,
+            "unit_price": unit_price,
             "capacity_multiplier": multiplier,
-            "list_cost": list_cost(unit_seconds, rate.list_price, multiplier),
-            "utilization": sample.utilization,
-            "energy_joules": sample.energy_joules,
-            "labels": sample.labels,
+            "list_cost": cost,
+            "utilization": fields["utilization"],
+            "energy_joules": fields["energy_joules"],
+            "labels": fields["labels"],
             "source_partition": partition,
             "source_offset": offset,
-        }, set(_RATED_FIELDS))
+        }, _RATED_FIELDS.copy())
 
 
-_RATED_FIELDS = frozenset(RatedUsage.model_fields)
+def _billing_context() -> Context:
+    """The billing context gpumeter.core.money computes in (a copy: same precision, rounding
+    and traps), for calling its operations directly on the per-sample path."""
+    with exact():
+        return getcontext().copy()
+
+
+_Selector = tuple[str, str | None, str | None, str]  # kind, gpu_model, mig_profile, capacity_type
+_Price = tuple[str, str, Decimal, Decimal]  # card version, currency, list price, capacity multiplier
+_Start = tuple[RateCard | None, datetime, str, dict[_Selector, _Price | None]]
+_RATED_FIELDS = set(RatedUsage.model_fields)  # copied per instance: pydantic may add to its own
 _MOMENT_CACHE_SIZE = 4096
+_CONTEXT = _billing_context()
+_multiply = _CONTEXT.multiply
+_divide = _CONTEXT.divide
 
 
 def list_cost(unit_seconds: Decimal, unit_price: Decimal, multiplier: Decimal) -> Decimal:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from operator import itemgetter
 from typing import Annotated, Any, get_args
 
 import orjson
@@ -35,8 +36,16 @@ _CACHE_LIMIT = 4096
 # Values pydantic accepted before, by their JSON text: tenants, and timestamps as UTC datetimes.
 _tenants: set[str] = set()
 _moments: dict[str, datetime] = {}
+# Decimal texts read before (finite, >= 0), by their JSON text.
+_numbers: dict[str, Decimal] = {}
 
 Located = tuple[int, int, Usage]  # (source partition, source offset, usage)
+
+# The fields without a default in RatedLine, read in one call (a missing one: KeyError).
+_REQUIRED = itemgetter(
+    "event_id", "namespace", "pod", "pod_uid", "kind", "tenant", "window_start", "window_end",
+    "quantity", "unit_seconds", "list_cost",
+)
 
 
 def _tenant(value: Any) -> str | None:
@@ -72,14 +81,30 @@ def _decimals(first: Any, second: Any, third: Any) -> tuple[Decimal, Decimal, De
     """Non-negative decimal strings as pydantic reads them: ``Decimal(text)``, finite, >= 0."""
     if not (type(first) is type(second) is type(third) is str):
         return None
-    try:
-        numbers = Decimal(first), Decimal(second), Decimal(third)
-    except InvalidOperation:
-        return None
-    for number in numbers:
+    # Quantities, window lengths and costs repeat across a fleet's lines: each text is read
+    # and checked once (a Decimal is immutable, so one instance serves every line).
+    known = _numbers.get
+    quantity, seconds, cost = known(first), known(second), known(third)
+    if quantity is None or seconds is None or cost is None:
+        quantity, seconds, cost = _number(first), _number(second), _number(third)
+        if quantity is None or seconds is None or cost is None:
+            return None
+    return quantity, seconds, cost
+
+
+def _number(text: str) -> Decimal | None:
+    number = _numbers.get(text)
+    if number is None:
+        try:
+            number = Decimal(text)
+        except InvalidOperation:
+            return None
         if not number.is_finite() or number < _ZERO:
             return None
-    return numbers
+        if len(_numbers) >= _CACHE_LIMIT:
+            _numbers.clear()
+        _numbers[text] = number
+    return number
 
 
 def _usage(line: bytes) -> Located | None:
@@ -89,34 +114,39 @@ def _usage(line: bytes) -> Located | None:
         return None
     if type(document) is not dict:
         return None
+    try:
+        (event_id, namespace, pod, pod_uid, kind_name, tenant_text, first, last,
+         quantity_text, seconds_text, cost_text) = _REQUIRED(document)
+    except KeyError:  # the rating agent writes every field: a line without one, RatedLine decides
+        return None
     get = document.get
     # One chained check per JSON type: this runs for every sample the worker rates.
-    event_id, namespace, pod, pod_uid = get("event_id"), get("namespace"), get("pod"), get("pod_uid")
     if not (type(event_id) is type(namespace) is type(pod) is type(pod_uid) is str) or not event_id:
         return None
     priority, partition, offset = get("priority", 0), get("source_partition", -1), get("source_offset", -1)
     if not (type(priority) is type(partition) is type(offset) is int):
         return None
-    kind_name, capacity = get("kind"), get("capacity_type", "on-demand")
+    capacity = get("capacity_type", "on-demand")
     if not (type(kind_name) is type(capacity) is str):
         return None
     kind, capacity_type = _KINDS.get(kind_name), _CAPACITY_TYPES.get(capacity)
-    tenant = _tenant(get("tenant"))
+    tenant = _tenant(tenant_text)
     if kind is None or capacity_type is None or tenant is None:
         return None
-    first, last = get("window_start"), get("window_end")
     start = _moments.get(first) if type(first) is str else None
     end = _moments.get(last) if type(last) is str else None
     start = start or _moment(first)
     end = end or _moment(last)
     if start is None or end is None or end <= start:
         return None
-    numbers = _decimals(get("quantity"), get("unit_seconds"), get("list_cost"))
+    numbers = _decimals(quantity_text, seconds_text, cost_text)
     if numbers is None:
         return None
     quantity, unit_seconds, list_cost = numbers
-    return partition, offset, Usage(event_id, tenant, kind, namespace, pod, pod_uid, start, end, quantity,
-                                    unit_seconds, list_cost, capacity_type, priority)
+    # Every check Usage.__post_init__ makes was made above (aware UTC windows, end after
+    # start, Decimal amounts): built without repeating them.
+    return partition, offset, Usage.trusted(event_id, tenant, kind, namespace, pod, pod_uid, start, end,
+                                            quantity, unit_seconds, list_cost, capacity_type, priority)
 
 
 def read_usages(record: bytes) -> list[Located] | None:

@@ -6,6 +6,7 @@ is q gpu-hours; spend is the sum of the list costs given.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -622,3 +623,26 @@ def test_float_quantities_are_refused() -> None:
     with pytest.raises(TypeError):
         Usage("e", TENANT, "gpu", "ns", "p", "u", ts("2026-11-10T00:00:00Z"), ts("2026-11-10T01:00:00Z"),
               1.0, Decimal(3600), Decimal(0))  # type: ignore[arg-type]
+
+
+def test_trusted_usage_is_the_checked_usage() -> None:
+    """Usage.trusted (for callers that already checked, streams/quota_decode.py) builds the very
+    object the checked constructor builds: equal, same repr and hash, as frozen, and a copy
+    made with dataclasses.replace goes through the checks again."""
+    args: tuple[Any, ...] = (
+        "ev-1", TENANT, "gpu", "ml", "train-0", "u-1", ts("2026-11-10T00:00:00Z"), ts("2026-11-10T00:01:00Z"),
+        Decimal("2.50"), Decimal("150.00"), Decimal("0.104166666666666667"), "spot", 7,
+    )
+    checked, trusted = Usage(*args), Usage.trusted(*args)
+    assert type(trusted) is Usage
+    assert trusted == checked and repr(trusted) == repr(checked) and hash(trusted) == hash(checked)
+    assert dataclasses.astuple(trusted) == args
+    assert list(vars(trusted)) == [field.name for field in dataclasses.fields(Usage)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trusted.quantity = Decimal(1)  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        dataclasses.replace(trusted, window_end=trusted.window_start)
+    # Counted like the checked one: the same ledger after applying either.
+    now = ts("2026-11-10T01:00:00Z")
+    assert apply(TenantLedger(tenant=TENANT), trusted, None, now) == apply(
+        TenantLedger(tenant=TENANT), checked, None, now)

@@ -8,12 +8,14 @@ exactly what RatedLine answers or declines (None), never accepts what RatedLine 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import orjson
 import pytest
 
+import streams.quota_decode as quota_decode
 from gpumeter.core import jsonio
 from gpumeter.core.records import join
 from quota.accounting import Usage
@@ -56,6 +58,19 @@ def test_the_rating_agents_records_are_read_fast_and_alike() -> None:
         assert texts(fast) == texts(expected)
         lines += len(fast)
     assert lines > 300  # most of the 400 samples rated (October and November cards)
+
+
+def test_the_fast_paths_usages_pass_the_checked_constructor() -> None:
+    """read_usages builds with Usage.trusted (no __post_init__): every usage it builds, and
+    every usage of a varied line it takes, is one the checked constructor accepts as equal."""
+    taken = [read_usages(record) for record in RECORDS]
+    taken += [read_usages(varied(name, value)) for name, value in VARIATIONS]
+    checked = 0
+    for located in taken:
+        for _partition, _offset, usage in located or []:
+            assert Usage(*dataclasses.astuple(usage)) == usage
+            checked += 1
+    assert checked > 300
 
 
 LINE: dict[str, Any] = orjson.loads(RECORDS[0].split(b"\n")[0])
@@ -129,3 +144,25 @@ def test_the_canonical_variations_are_taken_by_the_fast_path() -> None:
     for name, value in [("list_cost", "0E-18"), ("capacity_type", "spot"), ("capacity_type", MISSING),
                         ("quantity", "1.000000000000"), ("priority", -2147483648)]:
         assert read_usages(varied(name, value)) is not None, name
+
+
+def test_remembered_texts_give_the_answers_read_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tenants, timestamps and decimal texts are remembered once read: with the caches cold,
+    warm, and overflowing (a limit of 2 clears them constantly) the fast path answers alike."""
+    monkeypatch.setattr(quota_decode, "_CACHE_LIMIT", 2)
+    for name, empty in (("_numbers", {}), ("_moments", {}), ("_tenants", set())):
+        monkeypatch.setattr(quota_decode, name, empty)
+    for _round in ("cold", "warm"):
+        answered = 0
+        for record in RECORDS[:6] + [varied(name, value) for name, value in VARIATIONS]:
+            fast = read_usages(record)
+            try:
+                expected = reference(record)
+            except BadRatedRecord:
+                assert fast is None
+                continue
+            if fast is not None:
+                assert fast == expected and texts(fast) == texts(expected)
+                answered += 1
+        assert answered > 10
+        assert len(quota_decode._numbers) <= 2 and len(quota_decode._moments) <= 2

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
-from gpumeter.core.models import RatedUsage
+from gpumeter.core import jsonio
+from gpumeter.core.models import RatedUsage, parse_sample
 from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.core.records import join
 from gpumeter.core.settings import DEFAULTS_DIR
-from streams.stage import RatingStage, encode_rated
+from streams.stage import RatingStage, _fingerprint, encode_rated
 from testkit import builders
 
 
@@ -59,3 +60,23 @@ def test_rated_json_is_what_pydantic_writes_for_the_model() -> None:
         assert RatedUsage.model_validate_json(encode_rated(usage)) == usage
     # A JSON float quantity is read exactly (the full model's path), never through a binary float.
     assert rated[2].quantity == Decimal("1.5") and rated[2].unit_seconds == Decimal("90")
+
+
+def test_a_rated_samples_fingerprint_is_its_samples() -> None:
+    """The stage remembers a rated sample by fields read from its instance dict; a replay is
+    compared by the parsed sample's attributes. Both must give one tuple for one sample, or
+    every honest replay would look like a conflict (and a conflict like a replay)."""
+    stage = RatingStage(builders.card_set(), "samples")
+    compared = 0
+    for document in builders.random_samples(seed=4, count=300):
+        parsed = parse_sample(jsonio.dumpb(document))
+        outcome = stage.process(jsonio.dumpb(document), 0, compared)
+        if outcome.rated is None:
+            continue
+        remembered = stage._seen[parsed.event_id]
+        assert remembered == _fingerprint(parsed) == _fingerprint(outcome.rated)
+        assert remembered == (parsed.tenant, parsed.kind, parsed.window_start, parsed.window_end,
+                              parsed.unit_seconds, parsed.quantity, parsed.gpu_model, parsed.mig_profile,
+                              parsed.capacity_type)
+        compared += 1
+    assert compared > 200
