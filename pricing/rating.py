@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_UP, Context, Decimal, getcontext
+from decimal import Decimal
 
 from gpumeter.core.models import RatedUsage, SampleRejected, UsageSample, trusted, utc_month
-from gpumeter.core.money import SECONDS_PER_HOUR, STORE_QUANTUM, exact, per_hour, product, to_store
+from gpumeter.core.money import per_hour, product, to_store
 from gpumeter.core.ratecard import Rate, RateCard, RateCardSet
 
 
@@ -97,12 +97,7 @@ class Rater:
             )
         version, currency, unit_price, multiplier = price
         quantity = fields["quantity"]
-        # The same operations, in the same order and context, as UsageSample.unit_seconds and
-        # list_cost() below (tests/unit/pricing/test_rating_cache.py holds them to it), without
-        # their call frames.
-        unit_seconds = _multiply(quantity, sample.window_seconds)
-        cost = _divide(_multiply(_multiply(unit_seconds, unit_price), multiplier), SECONDS_PER_HOUR)
-        cost = cost.quantize(STORE_QUANTUM, ROUND_HALF_UP, _CONTEXT)
+        unit_seconds = product(quantity, sample.window_seconds)  # as UsageSample.unit_seconds
         # Every field comes from a validated sample, card or exact arithmetic: constructed
         # without re-validation (model_construct's own loop was half the rating stage's time).
         return trusted(RatedUsage, {
@@ -127,7 +122,7 @@ class Rater:
             "currency": currency,
             "unit_price": unit_price,
             "capacity_multiplier": multiplier,
-            "list_cost": cost,
+            "list_cost": list_cost(unit_seconds, unit_price, multiplier),
             "utilization": fields["utilization"],
             "energy_joules": fields["energy_joules"],
             "labels": fields["labels"],
@@ -136,21 +131,11 @@ class Rater:
         }, _RATED_FIELDS.copy())
 
 
-def _billing_context() -> Context:
-    """The billing context gpumeter.core.money computes in (a copy: same precision, rounding
-    and traps), for calling its operations directly on the per-sample path."""
-    with exact():
-        return getcontext().copy()
-
-
 _Selector = tuple[str, str | None, str | None, str]  # kind, gpu_model, mig_profile, capacity_type
 _Price = tuple[str, str, Decimal, Decimal]  # card version, currency, list price, capacity multiplier
 _Start = tuple[RateCard | None, datetime, str, dict[_Selector, _Price | None]]
 _RATED_FIELDS = set(RatedUsage.model_fields)  # copied per instance: pydantic may add to its own
 _MOMENT_CACHE_SIZE = 4096
-_CONTEXT = _billing_context()
-_multiply = _CONTEXT.multiply
-_divide = _CONTEXT.divide
 
 
 def list_cost(unit_seconds: Decimal, unit_price: Decimal, multiplier: Decimal) -> Decimal:
