@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from decimal import Decimal
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 import orjson
@@ -48,25 +48,15 @@ class Outcome(NamedTuple):
 _DUPLICATE = Outcome(duplicate=True)
 
 
-def _fingerprint(sample: UsageSample | RatedUsage) -> tuple[object, ...]:
-    """What billing depends on: two samples with one event_id must agree on these.
-
-    A rated sample gives the same fingerprint as its sample (its windows are the same
-    instants in UTC, and aware datetimes compare by instant) without working out
-    unit_seconds a second time.
-    """
-    return (
-        sample.tenant, sample.kind, sample.window_start, sample.window_end, sample.unit_seconds,
-        sample.quantity,
-        sample.gpu_model, sample.mig_profile, sample.capacity_type,
-    )
-
-
-# The same fields, in the same order, read from a rated sample's instance dict in one call.
-_rated_fingerprint = itemgetter(
+# What billing depends on: two samples with one event_id must agree on these. A rated sample
+# gives the same fingerprint as its sample (its windows are the same instants in UTC, and aware
+# datetimes compare by instant) without working out unit_seconds a second time.
+_FINGERPRINT_FIELDS = (
     "tenant", "kind", "window_start", "window_end", "unit_seconds", "quantity",
     "gpu_model", "mig_profile", "capacity_type",
 )
+_fingerprint = attrgetter(*_FINGERPRINT_FIELDS)  # of a sample (unit_seconds is worked out)
+_rated_fingerprint = itemgetter(*_FINGERPRINT_FIELDS)  # of a rated sample's instance dict
 
 
 class RatingStage:
