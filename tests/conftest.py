@@ -11,7 +11,7 @@ from gpumeter.app import schema
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, kafka
-from tests.services import Endpoints, isolated_settings, session_endpoints, start_local_broker
+from tests.services import Endpoints, drop_database, isolated_settings, session_endpoints, start_local_broker
 
 pytest_plugins = ["tests.kube.fixtures"]
 
@@ -23,14 +23,17 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
 
 
 @pytest.fixture
-def settings(endpoints: Endpoints, tmp_path: Path) -> Settings:
-    """Isolated topics (prefix) and database on the session's services, schema migrated."""
+def settings(endpoints: Endpoints, tmp_path: Path) -> Iterator[Settings]:
+    """Isolated topics (prefix) and database on the session's services, schema migrated; the
+    database is dropped afterwards (see ``drop_database``)."""
     configured = isolated_settings(endpoints, tmp_path / "data")
     kafka.ensure_topics(configured.kafka)
     client = clickhouse.connect(configured.clickhouse.dsn)
     schema.migrate(client)
     client.close()
-    return configured
+    dsn = configured.clickhouse.dsn  # as created: the test may change its settings
+    yield configured
+    drop_database(dsn)
 
 
 @pytest.fixture
