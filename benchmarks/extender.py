@@ -24,6 +24,7 @@ numFeasibleNodesToFind).
 from __future__ import annotations
 
 import argparse
+import gc
 import http.client
 import json
 import multiprocessing
@@ -172,6 +173,11 @@ def measure(nodes: int, requests: int, seed: int, progress: Progress) -> dict[st
         warmup = max(20, requests // 10)
         task = progress.add_task(f"{nodes:,} nodes", total=warmup + requests)
         cold_filter = 0.0
+        # The client stands in for kube-scheduler: its own pauses are not the extender's latency.
+        # Its collector stays off while measuring (Go's runs concurrently), and the progress bar
+        # redraws between requests only (auto_refresh would redraw from a thread of this process
+        # in the middle of a timed call).
+        gc.disable()
         for serial in range(warmup + requests):
             body = json.dumps({"Pod": pod(serial), "Nodes": None, "NodeNames": names}).encode()
             empty, status, _ = client.call("GET", "/healthz")
@@ -191,9 +197,12 @@ def measure(nodes: int, requests: int, seed: int, progress: Progress) -> dict[st
                 timings["filter+prioritize"].append(filtered + scored)
                 passed_counts.append(len(passed))
             progress.advance(task)
+            if serial % 20 == 0:
+                progress.refresh()
         _, _, exposition = client.call("GET", "/metrics")
         client.close()
     finally:
+        gc.enable()
         server.terminate()
         server.join(10)
     result: dict[str, Any] = {"nodes": nodes, "requests": requests, "pod_gpus": GPUS_PER_POD,
@@ -222,7 +231,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     results = []
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
         for nodes in args.nodes:
             before = os.getloadavg()[0]
             result = measure(nodes, args.requests, args.seed, progress)
