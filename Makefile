@@ -57,6 +57,7 @@ dashboards: install
 
 bench: install proto
 	$(BIN)/python benchmarks/pipeline.py
+	$(BIN)/python benchmarks/sink_store.py
 	$(BIN)/python benchmarks/agent.py
 
 up: install
