@@ -11,7 +11,13 @@ from gpumeter.app import schema
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, kafka
-from tests.services import Endpoints, drop_database, isolated_settings, session_endpoints, start_local_broker
+from tests.services import (
+    Endpoints,
+    Namespaces,
+    isolated_settings,
+    session_endpoints,
+    start_local_broker,
+)
 
 pytest_plugins = ["tests.kube.fixtures"]
 
@@ -23,21 +29,27 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
 
 
 @pytest.fixture
-def settings(endpoints: Endpoints, tmp_path: Path) -> Iterator[Settings]:
-    """Isolated topics (prefix) and database on the session's services, schema migrated; the
-    database is dropped afterwards (see ``drop_database``)."""
+def namespaces() -> Iterator[Namespaces]:
+    registry = Namespaces()
+    yield registry
+    registry.remove()
+
+
+@pytest.fixture
+def settings(endpoints: Endpoints, tmp_path: Path, namespaces: Namespaces) -> Settings:
+    """Isolated topics (prefix) and database on the session's services, schema migrated; both
+    removed after the test (``namespaces``)."""
     configured = isolated_settings(endpoints, tmp_path / "data")
+    namespaces.add(configured)
     kafka.ensure_topics(configured.kafka)
     client = clickhouse.connect(configured.clickhouse.dsn)
     schema.migrate(client)
     client.close()
-    dsn = configured.clickhouse.dsn  # as created: the test may change its settings
-    yield configured
-    drop_database(dsn)
+    return configured
 
 
 @pytest.fixture
-def worker_factory(tmp_path: Path) -> Iterator[object]:
+def worker_factory(tmp_path: Path, namespaces: Namespaces) -> Iterator[object]:
     started: list[WorkerProcess] = []
 
     def start(settings: Settings, name: str = "worker") -> WorkerProcess:

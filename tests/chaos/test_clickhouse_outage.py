@@ -25,7 +25,14 @@ from tests.integration.invoice_checks import (
     produced_invoices,
     publish_lines,
 )
-from tests.services import Endpoints, isolated_settings, run_cli, start_local_clickhouse, wait_until
+from tests.services import (
+    Endpoints,
+    Namespaces,
+    isolated_settings,
+    run_cli,
+    start_local_clickhouse,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -48,8 +55,10 @@ def own_clickhouse(tmp_path: Path) -> Iterator[LocalClickHouse]:
 
 
 def test_clickhouse_outage_mid_stream(endpoints: Endpoints, own_clickhouse: LocalClickHouse,
-                                      worker_factory: Callable[..., WorkerProcess], tmp_path: Path) -> None:
+                                      namespaces: Namespaces, worker_factory: Callable[..., WorkerProcess],
+                                      tmp_path: Path) -> None:
     settings = isolated_settings(endpoints, tmp_path / "data", clickhouse_url=own_clickhouse.url)
+    namespaces.add(settings, database=False)  # the database lives on this test's own server
     kafka.ensure_topics(settings.kafka)
     client = clickhouse.connect(settings.clickhouse.dsn)
     schema.migrate(client)

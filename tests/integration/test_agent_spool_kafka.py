@@ -27,7 +27,7 @@ from gpumeter.core.topics import SAMPLES
 from gpumeter.infra import clickhouse
 from gpumeter.infra.kafka import ensure_topics
 from testkit.builders import OMIT, usage_sample
-from tests.services import Endpoints, isolated_settings, run_cli
+from tests.services import Endpoints, Namespaces, isolated_settings, run_cli
 
 pytestmark = [pytest.mark.agent, pytest.mark.integration]
 
@@ -67,10 +67,12 @@ def consume(kafka: KafkaSettings, expected: int, timeout: float = 60) -> list[Us
 
 
 def test_kafka_outage_spools_and_replays_everything(
-    kafka_service: Any, endpoints: Endpoints, worker_factory: Callable[..., WorkerProcess], tmp_path: Path
+    kafka_service: Any, endpoints: Endpoints, namespaces: Namespaces,
+    worker_factory: Callable[..., WorkerProcess], tmp_path: Path,
 ) -> None:
     broker = kafka_service
     settings = isolated_settings(endpoints, tmp_path / "data")
+    namespaces.add(settings, topics=False)  # the topics live on this test's own broker
     settings.kafka.bootstrap = broker.bootstrap
     kafka = settings.kafka
     ensure_topics(kafka)

@@ -22,7 +22,7 @@ from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.feeds import KafkaFeed
 from testkit.live_hooks import LiveHooks
-from tests.services import Endpoints
+from tests.services import Endpoints, delete_topics
 
 pytestmark = pytest.mark.integration
 
@@ -63,10 +63,11 @@ def allocation(node: str, *indices: int) -> NodeAllocation:
 
 
 @pytest.fixture
-def kafka_settings(endpoints: Endpoints) -> KafkaSettings:
+def kafka_settings(endpoints: Endpoints) -> Iterator[KafkaSettings]:
     settings = KafkaSettings(bootstrap=endpoints.kafka_bootstrap, topic_prefix=f"t{uuid.uuid4().hex[:10]}.")
     gkafka.ensure_topics(settings)
-    return settings
+    yield settings
+    delete_topics(settings)
 
 
 class Publisher:
