@@ -58,6 +58,7 @@ dashboards: install
 bench: install proto
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/sink_store.py
+	$(BIN)/python benchmarks/worker_ceiling.py
 	$(BIN)/python benchmarks/agent.py
 
 up: install
