@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
+from pipeline import stored, wait_stored
 from rich.console import Console
 from rich.table import Table
 
@@ -102,10 +103,6 @@ def fleet_samples(count: int) -> list[dict[str, Any]]:
     return samples[:count]
 
 
-def stored(client: Any) -> int:
-    return int(clickhouse.scalar(client, "SELECT count() FROM rated_usage"))
-
-
 def publish(settings: Settings, samples: list[dict[str, Any]]) -> None:
     """As node agents do: one record per tenant of up to the batcher's size."""
     producer = kafka.make_producer(settings.kafka)
@@ -119,15 +116,6 @@ def publish(settings: Settings, samples: list[dict[str, Any]]) -> None:
         producer.send(topic, key=key, value=record)
     producer.flush()
     producer.close()
-
-
-def wait_stored(client: Any, target: int, timeout: float) -> float:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if stored(client) >= target:
-            return time.time()
-        time.sleep(0.05)
-    raise RuntimeError(f"only {stored(client)} of {target} rows visible after {timeout:.0f} s")
 
 
 def pipeline_round(settings: Settings, client: Any, samples: list[dict[str, Any]]) -> float:

@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,13 +150,18 @@ def publish(settings: Settings, samples: list[dict[str, Any]], rate: float | Non
     return sent
 
 
-def wait_stored(client: Any, target: int, timeout: float) -> float:
+def wait_count(read: Callable[[], int], target: int, timeout: float, what: str = "rows visible") -> float:
+    """Poll ``read`` until it reaches ``target``; returns the time it did."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if stored(client) >= target:
+        if read() >= target:
             return time.time()
         time.sleep(0.05)
-    raise RuntimeError(f"only {stored(client)} of {target} rows visible after {timeout:.0f} s")
+    raise RuntimeError(f"only {read()} of {target} {what} after {timeout:.0f} s")
+
+
+def wait_stored(client: Any, target: int, timeout: float) -> float:
+    return wait_count(lambda: stored(client), target, timeout)
 
 
 def latencies(client: Any, sent: dict[str, float]) -> list[float]:

@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipeline import cpu_seconds, isolated_namespace, make_payloads, publish
+from pipeline import cpu_seconds, isolated_namespace, make_payloads, publish, wait_count
 from rich.console import Console
 from rich.table import Table
 
@@ -74,12 +74,7 @@ def rows_stored(port: int) -> int:
 
 
 def wait_rows(port: int, target: int, timeout: float) -> float:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if rows_stored(port) >= target:
-            return time.time()
-        time.sleep(0.05)
-    raise RuntimeError(f"only {rows_stored(port)} of {target} rows stored after {timeout:.0f} s")
+    return wait_count(lambda: rows_stored(port), target, timeout, "rows stored")
 
 
 def one_round(null_store: bool, samples: list[dict[str, Any]]) -> dict[str, float]:
