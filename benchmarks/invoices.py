@@ -203,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             server.terminate()
             server.wait(timeout=30)
         client.close()
-        drop = clickhouse.connect(settings.clickhouse.dsn)
-        drop.command(f"DROP DATABASE IF EXISTS {clickhouse.parse_dsn(settings.clickhouse.dsn).database} SYNC")
-        drop.close()
+        clickhouse.drop_database(settings.clickhouse.dsn)
 
     results["close_vs_aggregate"] = results["close_s"] / results["aggregate_s"]
     results["p99_vs_empty"] = results["invoice_p99_ms"] / results["empty_p99_ms"]

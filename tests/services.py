@@ -115,21 +115,6 @@ def isolated_settings(endpoints: Endpoints, data_dir: Path, clickhouse_url: str 
     return settings
 
 
-def drop_database(dsn: str) -> None:
-    """Drop a test's database once the test is done with it.
-
-    Every MergeTree table keeps background tasks scheduled on the server (merge selection,
-    cleanup), whether or not anything is written to it: left behind, the databases of a few
-    hundred tests (thousands of tables) kept the shared ClickHouse server busy with 30-50 % of
-    a core while idle, taken from whatever ran next on a 2-core machine.
-    """
-    client = clickhouse.connect(dsn)
-    try:
-        client.command(f"DROP DATABASE IF EXISTS {clickhouse.parse_dsn(dsn).database} SYNC")
-    finally:
-        client.close()
-
-
 def delete_topics(kafka: KafkaSettings) -> None:
     """Delete a test's topics (those under its prefix), best effort.
 
@@ -144,9 +129,7 @@ def delete_topics(kafka: KafkaSettings) -> None:
         log.warning("topics of %s not deleted: %s", kafka.topic_prefix, exc)
         return
     try:
-        mine = [name for name in client.list_topics() if name.startswith(kafka.topic_prefix)]
-        if mine:
-            client.delete_topics(mine)
+        gkafka.delete_topics_under(kafka, client)
     except Exception as exc:  # cleanup only: what it leaves costs speed, not correctness
         log.warning("topics of %s not deleted: %s", kafka.topic_prefix, exc)
     finally:
@@ -173,8 +156,12 @@ class Namespaces:
             self.topics.append(settings.kafka.model_copy())
 
     def remove(self) -> None:
+        # Every MergeTree table keeps background tasks scheduled on the server (merge selection,
+        # cleanup) whether or not anything is written to it: left behind, the databases of a
+        # few hundred tests kept the shared ClickHouse server at 30-50 % of a core while idle,
+        # taken from whatever ran next on a 2-core machine.
         for dsn in self.databases:
-            drop_database(dsn)
+            clickhouse.drop_database(dsn)
         for kafka_settings in self.topics:
             delete_topics(kafka_settings)
 

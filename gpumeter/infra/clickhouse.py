@@ -153,6 +153,16 @@ def migrate(client: Client, owners: Sequence[SchemaOwner]) -> list[str]:
     return applied
 
 
+def drop_database(dsn: str | Dsn) -> None:
+    """Drop the DSN's database and wait until its tables are gone (``SYNC``)."""
+    target = parse_dsn(dsn) if isinstance(dsn, str) else dsn
+    client = connect(target)
+    try:
+        client.command(f"DROP DATABASE IF EXISTS {target.database} SYNC")
+    finally:
+        client.close()
+
+
 def scalar(client: Client, sql: str, parameters: dict[str, Any] | None = None) -> Any:
     rows = client.query(sql, parameters=parameters).result_rows
     return rows[0][0] if rows else None

@@ -96,6 +96,15 @@ def ensure_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> lis
         client.close()
 
 
+def delete_topics_under(kafka: KafkaSettings, client: KafkaAdminClient) -> list[str]:
+    """Delete every topic under ``kafka.topic_prefix``; returns their names. The broker deletes
+    asynchronously: a name may still be listed for a moment after this returns."""
+    names = [name for name in client.list_topics() if name.startswith(kafka.topic_prefix)]
+    if names:
+        client.delete_topics(names)
+    return names
+
+
 def end_offsets(kafka: KafkaSettings, topics: Iterable[str]) -> dict[TopicPartition, int]:
     """High watermark of every partition of ``topics``."""
     consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False)

@@ -27,7 +27,7 @@ from insights.idle import IdleRule
 from insights.tables import FORECASTS
 from pricing.rating import Rater
 from testkit.builders import card_set, sample, shipped_rate_card_documents
-from tests.services import Endpoints, drop_database, isolated_settings
+from tests.services import Endpoints, isolated_settings
 from tests.support.grafana_macros import ALL, Request, Variable, expand
 
 pytestmark = pytest.mark.integration
@@ -204,7 +204,7 @@ def seeded(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> It
     documents = seed(client)
     yield client, documents
     client.close()
-    drop_database(settings.clickhouse.dsn)
+    clickhouse.drop_database(settings.clickhouse.dsn)
 
 
 def range_for(sql: str) -> tuple[datetime, datetime]:

@@ -35,7 +35,7 @@ from gpumeter.core.settings import Settings, settings_env
 from gpumeter.infra import clickhouse
 from testkit.builders import CARDS, L4, big_h100_user, sample
 from tests.integration.billing_data import configure, ledger_rows, store_rated
-from tests.services import REPO, Endpoints, drop_database, free_port, isolated_settings, run_cli, wait_until
+from tests.services import REPO, Endpoints, free_port, isolated_settings, run_cli, wait_until
 from tests.unit import reference_billing as ref
 
 pytestmark = pytest.mark.integration
@@ -123,7 +123,7 @@ def api(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Itera
         server.terminate()
         server.wait(timeout=30)
         log.close()
-        drop_database(configured.clickhouse.dsn)
+        clickhouse.drop_database(configured.clickhouse.dsn)
 
 
 ENDPOINTS = [

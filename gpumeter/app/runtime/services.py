@@ -49,19 +49,13 @@ def drop_namespace(settings: Settings) -> None:
     """Delete a namespace's topics, consumer group and database (demo resets, benchmark clean-up)."""
     client = kafka.admin(settings.kafka)
     try:
-        stale = [t for t in client.list_topics() if t.startswith(settings.kafka.topic_prefix)]
-        if stale:
-            client.delete_topics(stale)
+        if kafka.delete_topics_under(settings.kafka, client):
             time.sleep(2)  # deletion is asynchronous on the broker
         with contextlib.suppress(KafkaError):  # the group may never have existed
             client.delete_groups([settings.kafka.topic_prefix + settings.worker.group])
     finally:
         client.close()
-    ch = clickhouse.connect(settings.clickhouse.dsn)
-    try:
-        ch.command(f"DROP DATABASE IF EXISTS {clickhouse.parse_dsn(settings.clickhouse.dsn).database} SYNC")
-    finally:
-        ch.close()
+    clickhouse.drop_database(settings.clickhouse.dsn)
 
 
 def up(settings: Settings) -> list[str]:
