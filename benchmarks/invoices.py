@@ -22,7 +22,6 @@ import asyncio
 import hashlib
 import json
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pipeline import free_port
 from rich.console import Console
 from rich.table import Table
 
@@ -127,12 +127,6 @@ async def load(url: str, paths: list[str], clients: int, seconds: float) -> list
 
     await asyncio.gather(*(client(n) for n in range(clients)))
     return latencies
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def serve(settings: Settings, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:

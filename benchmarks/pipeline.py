@@ -19,6 +19,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import socket
 import statistics
 import sys
 import time
@@ -110,6 +111,13 @@ def raw_insert(settings: Settings, samples: list[dict[str, Any]], batch: int) ->
     elapsed = time.perf_counter() - started
     client.close()
     return len(rows) / elapsed
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a server this run starts)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

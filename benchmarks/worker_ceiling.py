@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipeline import cpu_seconds, isolated_namespace, make_payloads, publish, wait_count
+from pipeline import cpu_seconds, free_port, isolated_namespace, make_payloads, publish, wait_count
 from rich.console import Console
 from rich.table import Table
 
@@ -52,12 +51,6 @@ sink.ClickHouseSink.store_rated = store_rated
 from gpumeter.app.cli import main
 sys.exit(main(["worker", "--loglevel", "warn"]))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def rows_stored(port: int) -> int:
