@@ -50,7 +50,7 @@ from gpumeter.core.settings import Settings, load_settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra import schema as tables
 from streams.sink import ClickHouseSink, connector, rated_row
-from streams.stage import RatingStage
+from streams.stage import RatingStage, encode_rated
 
 console = Console()
 RESULTS = Path(__file__).resolve().parent / "results" / "month-end-latest.json"
@@ -133,7 +133,7 @@ def sink_batches(settings: Settings, samples: list[dict[str, Any]], offset: int)
     for index, sample in enumerate(samples):
         outcome = stage.process(jsonio.dumpb(sample), 0, offset + index)
         assert outcome.rated is not None, outcome.dead
-        rows.append(rated_row(outcome.rated))
+        rows.append(rated_row(outcome.rated, encode_rated(outcome.rated)))  # as the worker sends them
     size = settings.worker.sink_batch_size
     sink = ClickHouseSink(connector(settings.clickhouse.dsn))
     spent = []

@@ -30,7 +30,7 @@ from gpumeter.app.runtime import services
 from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards
 from streams.sink import ClickHouseSink, connector, rated_row
-from streams.stage import RatingStage
+from streams.stage import RatingStage, encode_rated
 
 console = Console()
 MERGE_SETTLE_SECONDS = 5.0
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             for index, sample in enumerate(samples):
                 outcome = stage.process(jsonio.dumpb(sample), 0, index)
                 assert outcome.rated is not None, outcome.dead
-                rows.append(rated_row(outcome.rated))
+                rows.append(rated_row(outcome.rated, encode_rated(outcome.rated)))  # as the worker sends them
         sink = ClickHouseSink(connector(settings.clickhouse.dsn))
         phases: dict[str, float] = {}
         # Instance attributes shadow the methods: each step of store_rated is timed as it runs.

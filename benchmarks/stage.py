@@ -98,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         rated_count = 0
         for offset, record in enumerate(record_values):
             rated = [outcome.rated for outcome in rating.process_record(record, 0, offset) if outcome.rated]
-            join([encode_rated(usage) for usage in rated])
-            [rated_row(usage) for usage in rated]
+            lines = [encode_rated(usage) for usage in rated]
+            join(lines)
+            [rated_row(usage, line) for usage, line in zip(rated, lines, strict=True)]
             rated_count += len(rated)
         return rated_count
 

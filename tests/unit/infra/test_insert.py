@@ -15,7 +15,16 @@ from typing import Any
 import pytest
 from clickhouse_connect.datatypes.registry import get_from_name
 
-from gpumeter.infra.insert import decimal_text, decimal_texts, insert_rows, wire
+from gpumeter.infra.insert import (
+    decimal_text,
+    decimal_texts,
+    have_lines,
+    insert_lines,
+    insert_rows,
+    values_of,
+    wire,
+    with_line,
+)
 from gpumeter.infra.schema import EVENT_IDS, QUOTA_EVENTS, RATED_USAGE
 
 TYPES = [(38, 12), (38, 21), (38, 18), (18, 6), (38, 6)]
@@ -172,3 +181,44 @@ def test_a_column_is_sent_as_its_values_one_by_one(precision: int, scale: int) -
                [*plain, True], [*plain, 0.1], [*plain, 1e-07], [Decimal(10) ** (precision - scale - 1)]]
     for values in columns:
         assert whole(values) == one_by_one(values), values
+
+
+class RecordingRawClient(RecordingClient):
+    def raw_insert(self, table: str, column_names: Any = None, insert_block: Any = None,
+                   settings: dict[str, Any] | None = None, fmt: str | None = None) -> None:
+        options = {"column_names": column_names, "settings": settings, "fmt": fmt}
+        self.calls.append((table, [insert_block], options))
+
+
+def rated_values(event_id: str) -> tuple[Any, ...]:
+    return tuple(RATED_USAGE.row_from({"event_id": event_id, "quantity": Decimal("1.5")}))
+
+
+def test_a_line_carried_past_the_values_is_not_sent_as_a_column() -> None:
+    client = RecordingClient()
+    plain, carrying = rated_values("e1"), with_line(rated_values("e1"), b'{"event_id":"e1"}')
+    insert_rows(client, RATED_USAGE, [plain])  # type: ignore[arg-type]
+    insert_rows(client, RATED_USAGE, [carrying])  # type: ignore[arg-type]
+    (_, without, _), (_, with_, _) = client.calls
+    assert len(with_) == len(RATED_USAGE.insert_columns)
+    assert [list(column) for column in with_] == [list(column) for column in without]
+    assert values_of(RATED_USAGE, carrying) == plain and values_of(RATED_USAGE, plain) == plain
+
+
+def test_lines_are_sent_joined_as_json_each_row_strict_unless_told() -> None:
+    client = RecordingRawClient()
+    rows = [with_line(rated_values(f"e{i}"), b'{"event_id":"e%d"}' % i) for i in range(3)]
+    assert have_lines(RATED_USAGE, rows)
+    assert not have_lines(RATED_USAGE, [*rows, rated_values("plain")])
+    assert not have_lines(RATED_USAGE, [])
+    insert_lines(client, RATED_USAGE, rows, {"insert_deduplication_token": "t"})  # type: ignore[arg-type]
+    insert_lines(client, EVENT_IDS, rows[:1], other_fields=True)  # type: ignore[arg-type]
+    insert_lines(client, EVENT_IDS, [], other_fields=True)  # type: ignore[arg-type]
+    (table, (body,), kwargs), (ids_table, (ids_body,), ids_kwargs) = client.calls
+    assert (table, ids_table) == ("rated_usage", "event_ids")
+    assert body == b'{"event_id":"e0"}\n{"event_id":"e1"}\n{"event_id":"e2"}'
+    assert ids_body == b'{"event_id":"e0"}'
+    assert kwargs["fmt"] == ids_kwargs["fmt"] == "JSONEachRow"
+    assert kwargs["settings"] == {"date_time_input_format": "best_effort", "insert_deduplication_token": "t",
+                                  "input_format_skip_unknown_fields": 0}
+    assert ids_kwargs["settings"]["input_format_skip_unknown_fields"] == 1

@@ -80,3 +80,15 @@ def test_a_rated_samples_fingerprint_is_its_samples() -> None:
                               parsed.capacity_type)
         compared += 1
     assert compared > 200
+
+
+def test_a_rated_line_names_exactly_the_columns_rated_usage_is_inserted_with() -> None:
+    """The sink sends rated lines to rated_usage as JSONEachRow, strictly: a field the table
+    lacks would make every row unstorable, a column the line lacks would take its default."""
+    from gpumeter.infra.schema import RATED_USAGE
+
+    stage = RatingStage(load_rate_cards(DEFAULTS_DIR / "ratecards"), "samples")
+    rated = stage.process(sample("cols"), 0, 1).rated
+    assert rated is not None
+    keys = list(json.loads(encode_rated(rated)))
+    assert sorted(keys) == sorted(RATED_USAGE.insert_columns) and len(keys) == len(set(keys))
