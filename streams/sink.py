@@ -11,7 +11,8 @@ its copies (contract 1):
    ``StoreResult.conflicts`` for the caller to dead-letter (reason ``duplicate_conflict``);
 3. the remaining rows are checked against rated_usage on its time-local key (rows of this
    very batch inserted before an ambiguous failure: their ids are written to event_ids only
-   after the rows), inserted, and then their ids recorded in event_ids.
+   after the rows), inserted, and then their ids recorded in event_ids, copied server-side
+   from the rows rated_usage now holds.
 
 After an ambiguous failure (timeout, server gone) the retry starts again at 1, so a batch
 that did land is not inserted twice. Behind those checks, each insert into rated_usage
@@ -128,8 +129,6 @@ _WINDOW_START = RATED_USAGE.insert_columns.index("window_start")
 _PARTITION = RATED_USAGE.insert_columns.index("source_partition")
 _OFFSET = RATED_USAGE.insert_columns.index("source_offset")
 _FINGERPRINT = tuple(RATED_USAGE.insert_columns.index(name) for name in FINGERPRINT_COLUMNS)
-_EVENT_ID_ROW = (_ID, *_FINGERPRINT, _PERIOD)
-_event_id_row = operator.itemgetter(*_EVENT_ID_ROW)  # a rated row's event_ids row
 
 
 def _utc_naive(value: Any) -> Any:
@@ -157,6 +156,29 @@ def insert_token(rows: Sequence[Row]) -> str:
     """
     text = "\n".join(f"{row[_PARTITION]}:{row[_OFFSET]}:{row[_ID]}" for row in rows)
     return "rated-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+# A batch's rows in rated_usage: its periods, tenants and span of windows (the table's key
+# prefix), and its ids, sent as the IDS_TABLE external table.
+_IN_BATCH = ("period IN %(periods)s AND tenant IN %(tenants)s AND window_start BETWEEN "
+             "toDateTime64(%(first)s, 6, 'UTC') AND toDateTime64(%(last)s, 6, 'UTC') "
+             f"AND event_id IN {IDS_TABLE}")
+
+
+def _batch_scope(rows: Sequence[Row]) -> dict[str, Any]:
+    """The parameters of _IN_BATCH for these rows."""
+    starts = [row[_WINDOW_START] for row in rows]
+    try:  # aware datetimes order by instant: convert only the two ends, not every row
+        starts = [_utc_naive(min(starts)), _utc_naive(max(starts))]
+    except TypeError:  # aware and naive mixed
+        starts = [_utc_naive(start) for start in starts]
+    return {
+        "periods": sorted({row[_PERIOD] for row in rows}),
+        "tenants": sorted({row[_TENANT] for row in rows}),
+        # Text with microseconds: a datetime parameter may be rendered to the second.
+        "first": min(starts).isoformat(sep=" ", timespec="microseconds"),
+        "last": max(starts).isoformat(sep=" ", timespec="microseconds"),
+    }
 
 
 def conflict_reason(event_id: str, first: Sequence[Any], later: Sequence[Any]) -> str:
@@ -253,11 +275,7 @@ class ClickHouseSink:
         # Ids are recorded only once their rows are in: a crash in between is caught by
         # _already_inserted on the retry, never by skipping a row that was not stored.
         recorded = [row for row in unique.values() if id(row) not in refused]
-        if recorded and as_lines:
-            # event_ids' columns are rated_usage's of the same names and types.
-            insert_lines(client, EVENT_IDS, recorded, other_fields=True)
-        elif recorded:
-            insert_rows(client, EVENT_IDS, list(map(_event_id_row, recorded)))
+        self._record_ids(client, recorded)
         result.stored = inserted.stored
         result.rejected = inserted.rejected
         self.counters.skipped_duplicates += len(rows) - len(fresh) - len(result.conflicts)
@@ -291,25 +309,22 @@ class ClickHouseSink:
         empty; the (tenant, window_start) key prefix keeps it inside the batch's own windows."""
         if not rows:
             return set()
-        starts = [row[_WINDOW_START] for row in rows]
-        try:  # aware datetimes order by instant: convert only the two ends, not every row
-            starts = [_utc_naive(min(starts)), _utc_naive(max(starts))]
-        except TypeError:  # aware and naive mixed
-            starts = [_utc_naive(start) for start in starts]
-        found = client.query(
-            "SELECT event_id FROM rated_usage WHERE period IN %(periods)s AND tenant IN %(tenants)s "
-            "AND window_start BETWEEN toDateTime64(%(first)s, 6, 'UTC') AND toDateTime64(%(last)s, 6, 'UTC') "
-            f"AND event_id IN {IDS_TABLE}",
-            parameters={
-                "periods": sorted({row[_PERIOD] for row in rows}),
-                "tenants": sorted({row[_TENANT] for row in rows}),
-                # Text with microseconds: a datetime parameter may be rendered to the second.
-                "first": min(starts).isoformat(sep=" ", timespec="microseconds"),
-                "last": max(starts).isoformat(sep=" ", timespec="microseconds"),
-            },
-            external_data=ids_table([row[_ID] for row in rows]),
-        ).result_rows
+        found = client.query(f"SELECT event_id FROM rated_usage WHERE {_IN_BATCH}",
+                             parameters=_batch_scope(rows),
+                             external_data=ids_table([row[_ID] for row in rows])).result_rows
         return {event_id for (event_id,) in found}
+
+    def _record_ids(self, client: Client, rows: list[Row]) -> None:
+        """Record the ids of these rows, now in rated_usage, in event_ids: copied server-side
+        from the stored rows (the batch's windows, its ids as an external table), so nothing is
+        sent or parsed twice, and what is recorded is exactly the copy that was stored."""
+        if not rows:
+            return
+        columns = ", ".join(column.name for column in EVENT_IDS.columns if column.default is None)
+        client.command(
+            f"INSERT INTO {EVENT_IDS.name} ({columns}) SELECT {columns} FROM rated_usage "
+            f"WHERE {_IN_BATCH} LIMIT 1 BY event_id",
+            parameters=_batch_scope(rows), external_data=ids_table([row[_ID] for row in rows]))
 
     def store_dead(self, rows: Sequence[Row]) -> StoreResult:
         """Dead letters are keyed by source position; the table's engine folds replays."""

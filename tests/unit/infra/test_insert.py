@@ -219,6 +219,6 @@ def test_lines_are_sent_joined_as_json_each_row_strict_unless_told() -> None:
     assert body == b'{"event_id":"e0"}\n{"event_id":"e1"}\n{"event_id":"e2"}'
     assert ids_body == b'{"event_id":"e0"}'
     assert kwargs["fmt"] == ids_kwargs["fmt"] == "JSONEachRow"
-    assert kwargs["settings"] == {"date_time_input_format": "best_effort", "insert_deduplication_token": "t",
-                                  "input_format_skip_unknown_fields": 0}
+    assert kwargs["settings"] == {"date_time_input_format": "best_effort", "input_format_parallel_parsing": 0,
+                                  "insert_deduplication_token": "t", "input_format_skip_unknown_fields": 0}
     assert ids_kwargs["settings"]["input_format_skip_unknown_fields"] == 1

@@ -36,6 +36,10 @@ PRIORITY = RATED_USAGE.insert_columns.index("priority")
 
 
 TABLES = {table.name: table for table in (RATED_USAGE, EVENT_IDS, DEAD_LETTERS)}
+_WINDOW_START, _PERIOD, _TENANT = (RATED_USAGE.insert_columns.index(name)
+                                   for name in ("window_start", "period", "tenant"))
+# event_ids' columns, taken by name from a stored rated_usage row.
+_EVENT_IDS_FROM_RATED = tuple(RATED_USAGE.insert_columns.index(name) for name in EVENT_IDS.insert_columns)
 _TEXT = re.compile(r"(LowCardinality\()?(Nullable\()?String\)*")
 _DECIMAL = re.compile(r"^(Nullable\()?Decimal\((\d+), *(\d+)\)\)?$")
 
@@ -137,6 +141,31 @@ class FakeClickHouseClient:
         if token is not None:
             self.tokens.add(token)
         self.tables[table].extend(rows)
+
+    def command(self, cmd: str, parameters: dict[str, Any] | None = None, data: Any = None,
+                settings: dict[str, Any] | None = None, use_database: bool = True,
+                external_data: ExternalData | None = None, transport_settings: Any = None) -> None:
+        """The one command the sink sends: copying stored rows' ids into event_ids server-side
+        (INSERT ... SELECT ... FROM rated_usage WHERE <the batch's scope> LIMIT 1 BY event_id)."""
+        assert cmd.startswith(f"INSERT INTO {EVENT_IDS.name} (") and "FROM rated_usage" in cmd, cmd
+        assert "LIMIT 1 BY event_id" in cmd and external_data is not None and parameters is not None
+        wanted = {line.encode().decode("unicode_escape")
+                  for line in external_data.files[0].data.decode().splitlines()}
+        self.inserts += 1
+        if self.down_for > 0:
+            self.down_for -= 1
+            raise OperationalError("HTTPConnectionPool(host='127.0.0.1', port=8123): connection refused")
+        if self.event_ids_down_for > 0:
+            self.event_ids_down_for -= 1
+            raise OperationalError("connection reset by peer")
+        first, last = (datetime.fromisoformat(parameters[end]) for end in ("first", "last"))
+        copied: dict[str, Row] = {}
+        for stored in self.tables["rated_usage"]:
+            start = stored[_WINDOW_START].astimezone(UTC).replace(tzinfo=None)
+            if (stored[0] in wanted and stored[_PERIOD] in parameters["periods"]
+                    and stored[_TENANT] in parameters["tenants"] and first <= start <= last):
+                copied.setdefault(stored[0], stored)
+        self.event_ids.extend(tuple(stored[i] for i in _EVENT_IDS_FROM_RATED) for stored in copied.values())
 
     def close(self) -> None:
         pass
