@@ -30,8 +30,8 @@ to dead-letter (reason ``unstorable``). One poisoned row costs O(log batch) inse
 a wedged partition.
 
 The worker's rated rows carry their rated JSON (``rated_row(rated, line)``): when every row
-of a batch does, both inserts send those lines (JSONEachRow) and the server parses them,
-instead of clickhouse-connect encoding the values in the worker (gpumeter/infra/insert.py).
+of a batch does, the rated_usage insert sends those lines (JSONEachRow) and the server parses
+them, instead of clickhouse-connect encoding the values in the worker (gpumeter/infra/insert.py).
 """
 
 from __future__ import annotations
@@ -320,7 +320,7 @@ class ClickHouseSink:
         sent or parsed twice, and what is recorded is exactly the copy that was stored."""
         if not rows:
             return
-        columns = ", ".join(column.name for column in EVENT_IDS.columns if column.default is None)
+        columns = ", ".join(EVENT_IDS.insert_columns)
         client.command(
             f"INSERT INTO {EVENT_IDS.name} ({columns}) SELECT {columns} FROM rated_usage "
             f"WHERE {_IN_BATCH} LIMIT 1 BY event_id",

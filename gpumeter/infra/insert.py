@@ -160,7 +160,6 @@ def insert_rows(client: Client, table: Table, rows: Sequence[Sequence[Any]],
                   column_oriented=True, settings=settings)
 
 
-
 # A row may carry, one value past its table's columns, its *line*: the same record as one JSON
 # object keyed by column names (the bytes the worker already wrote for the rated topic).
 # Sending the lines (JSONEachRow) instead of encoding the values column by column moves the
@@ -192,7 +191,7 @@ _JSON_INPUT = {"date_time_input_format": "best_effort", "input_format_parallel_p
 
 
 def insert_lines(client: Client, table: Table, rows: Sequence[Sequence[Any]],
-                 settings: dict[str, Any] | None = None, *, other_fields: bool = False) -> None:
+                 settings: dict[str, Any] | None = None) -> None:
     """Insert the lines ``rows`` carry (``have_lines`` of a table whose columns they name).
 
     What the server's JSON parser stores differs from ``insert_rows`` only where a value has
@@ -205,13 +204,11 @@ def insert_lines(client: Client, table: Table, rows: Sequence[Sequence[Any]],
     refuses it; integers wrap in the server's parser (3000000000 into Int32), so only
     validated records (priority is a checked int32) may carry lines.
 
-    Columns a line does not name get their defaults; ``other_fields``: a line may hold fields
-    that are not columns of ``table`` (a rated line into event_ids), which are skipped.
+    Columns a line does not name get their defaults; a field that is not a column is refused:
+    a rated line naming a field the table lacks means the two drifted apart.
     """
     if not rows:
         return
     body = b"\n".join([row[-1] for row in rows])
-    options = {**_JSON_INPUT, **(settings or {})}
-    # Strict unless asked: a rated line naming a field the table lacks means they drifted apart.
-    options["input_format_skip_unknown_fields"] = 1 if other_fields else 0
+    options = {**_JSON_INPUT, **(settings or {}), "input_format_skip_unknown_fields": 0}
     client.raw_insert(table.name, None, body, settings=options, fmt="JSONEachRow")

@@ -205,20 +205,17 @@ def test_a_line_carried_past_the_values_is_not_sent_as_a_column() -> None:
     assert values_of(RATED_USAGE, carrying) == plain and values_of(RATED_USAGE, plain) == plain
 
 
-def test_lines_are_sent_joined_as_json_each_row_strict_unless_told() -> None:
+def test_lines_are_sent_joined_as_json_each_row_refusing_fields_that_are_not_columns() -> None:
     client = RecordingRawClient()
     rows = [with_line(rated_values(f"e{i}"), b'{"event_id":"e%d"}' % i) for i in range(3)]
     assert have_lines(RATED_USAGE, rows)
     assert not have_lines(RATED_USAGE, [*rows, rated_values("plain")])
     assert not have_lines(RATED_USAGE, [])
     insert_lines(client, RATED_USAGE, rows, {"insert_deduplication_token": "t"})  # type: ignore[arg-type]
-    insert_lines(client, EVENT_IDS, rows[:1], other_fields=True)  # type: ignore[arg-type]
-    insert_lines(client, EVENT_IDS, [], other_fields=True)  # type: ignore[arg-type]
-    (table, (body,), kwargs), (ids_table, (ids_body,), ids_kwargs) = client.calls
-    assert (table, ids_table) == ("rated_usage", "event_ids")
+    insert_lines(client, RATED_USAGE, [])  # type: ignore[arg-type]
+    ((table, (body,), kwargs),) = client.calls
+    assert table == "rated_usage"
     assert body == b'{"event_id":"e0"}\n{"event_id":"e1"}\n{"event_id":"e2"}'
-    assert ids_body == b'{"event_id":"e0"}'
-    assert kwargs["fmt"] == ids_kwargs["fmt"] == "JSONEachRow"
+    assert kwargs["fmt"] == "JSONEachRow"
     assert kwargs["settings"] == {"date_time_input_format": "best_effort", "input_format_parallel_parsing": 0,
                                   "insert_deduplication_token": "t", "input_format_skip_unknown_fields": 0}
-    assert ids_kwargs["settings"]["input_format_skip_unknown_fields"] == 1
