@@ -267,15 +267,18 @@ class ClickHouseSink:
             row = unique.pop(event_id)
             if row_fingerprint(row) not in copies:
                 result.conflicts.append((row, conflict_reason(event_id, copies[0], row_fingerprint(row))))
-        already = self._already_inserted(client, list(unique.values()))
+        candidates = list(unique.values())
+        # One scope for both reads of rated_usage: the rows recorded below are among these.
+        scope = _batch_scope(candidates) if candidates else {}
+        already = self._already_inserted(client, candidates, scope)
         fresh = [row for event_id, row in unique.items() if event_id not in already]
         as_lines = have_lines(RATED_USAGE, rows)
         inserted = self._insert_splitting(client, RATED_USAGE, fresh, named=True, as_lines=as_lines)
         refused = {id(row) for row, _ in inserted.rejected}
         # Ids are recorded only once their rows are in: a crash in between is caught by
         # _already_inserted on the retry, never by skipping a row that was not stored.
-        recorded = [row for row in unique.values() if id(row) not in refused]
-        self._record_ids(client, recorded)
+        recorded = [row for row in candidates if id(row) not in refused]
+        self._record_ids(client, recorded, scope)
         result.stored = inserted.stored
         result.rejected = inserted.rejected
         self.counters.skipped_duplicates += len(rows) - len(fresh) - len(result.conflicts)
@@ -303,18 +306,19 @@ class ClickHouseSink:
             copies.setdefault(row[0], []).append(fingerprint(row[1:]))
         return copies
 
-    def _already_inserted(self, client: Client, rows: list[Row]) -> set[str]:
+    def _already_inserted(self, client: Client, rows: list[Row], scope: dict[str, Any]) -> set[str]:
         """Ids of these rows already in rated_usage (inserted before an ambiguous failure or a
         crash, ahead of their event_ids entries). Asked for every batch and almost always
-        empty; the (tenant, window_start) key prefix keeps it inside the batch's own windows."""
+        empty; the (tenant, window_start) key prefix keeps it inside the batch's own windows
+        (``scope``: ``_batch_scope`` of these rows or of a batch holding them)."""
         if not rows:
             return set()
         found = client.query(f"SELECT event_id FROM rated_usage WHERE {_IN_BATCH}",
-                             parameters=_batch_scope(rows),
+                             parameters=scope,
                              external_data=ids_table([row[_ID] for row in rows])).result_rows
         return {event_id for (event_id,) in found}
 
-    def _record_ids(self, client: Client, rows: list[Row]) -> None:
+    def _record_ids(self, client: Client, rows: list[Row], scope: dict[str, Any]) -> None:
         """Record the ids of these rows, now in rated_usage, in event_ids: copied server-side
         from the stored rows (the batch's windows, its ids as an external table), so nothing is
         sent or parsed twice, and what is recorded is exactly the copy that was stored."""
@@ -324,7 +328,7 @@ class ClickHouseSink:
         client.command(
             f"INSERT INTO {EVENT_IDS.name} ({columns}) SELECT {columns} FROM rated_usage "
             f"WHERE {_IN_BATCH} LIMIT 1 BY event_id",
-            parameters=_batch_scope(rows), external_data=ids_table([row[_ID] for row in rows]))
+            parameters=scope, external_data=ids_table([row[_ID] for row in rows]))
 
     def store_dead(self, rows: Sequence[Row]) -> StoreResult:
         """Dead letters are keyed by source position; the table's engine folds replays."""
