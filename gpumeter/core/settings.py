@@ -68,6 +68,13 @@ class WorkerSettings(BaseModel):
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9465
     # How often the worker looks for new or corrected rate-card files.
     rate_card_reload_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    # Bytes one fetch may bring per partition. Records carry up to 500 samples (~400 KB), so
+    # the Kafka client's 1 MiB default held a saturated worker to one fetch round trip per
+    # ~2 records a partition (benchmarks: 8 MiB doubled a worker whose store costs nothing).
+    fetch_partition_bytes: Annotated[int, Field(ge=1024 * 1024, le=64 * 1024 * 1024)] = 8 * 1024 * 1024
+    # Records each agent may hold fetched and not yet processed: bounds the memory bigger
+    # fetches could fill (a record is at most Kafka's 1 MiB message).
+    stream_buffer_records: Annotated[int, Field(ge=8, le=4096)] = 64
 
 
 def _empty_is_none(value: Any) -> Any:

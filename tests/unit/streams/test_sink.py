@@ -511,6 +511,75 @@ def test_a_rebalance_waits_for_the_batch_being_stored_before_the_partitions_move
     assert stream.acked == []
 
 
+def test_the_next_batch_is_gathered_while_one_is_stored_and_batches_are_acknowledged_in_order() -> None:
+    """A full batch goes to a task: the agent's add returns while ClickHouse works. The next
+    full batch waits for it, so stores and acknowledgements keep their order."""
+    log: list[str] = []
+    release = threading.Event()
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        ids = ",".join(r[0] for r in rows)
+        log.append(f"storing {ids}")
+        if ids == "e1,e2":
+            release.wait(5)
+        log.append(f"stored {ids}")
+        return StoreResult(stored=len(rows))
+
+    class LoggingStream(FakeStream):
+        async def ack(self, event: object) -> None:
+            log.append(f"ack {event}")
+            await super().ack(event)
+
+    async def run() -> LoggingStream:
+        writer = BatchWriter(store, "rated", batch_size=2, max_backoff=0.1)
+        writer.stream = stream = LoggingStream()  # type: ignore[assignment]
+        await writer.add("e1", [row("e1")])  # type: ignore[arg-type]
+        await asyncio.wait_for(writer.add("e2", [row("e2")]), 1)  # type: ignore[arg-type]  # full: handed over
+        await asyncio.sleep(0.05)
+        assert log == ["storing e1,e2"] and stream.acked == []
+        await asyncio.wait_for(writer.add("e3", [row("e3")]), 1)  # type: ignore[arg-type]  # gathered meanwhile
+        fourth = asyncio.ensure_future(writer.add("e4", [row("e4")]))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        assert not fourth.done()  # the second full batch waits for the first
+        release.set()
+        await asyncio.wait_for(fourth, 5)
+        await writer.flush()
+        return stream
+
+    stream = asyncio.run(run())
+    assert log == ["storing e1,e2", "stored e1,e2", "ack e1", "ack e2",
+                   "storing e3,e4", "stored e3,e4", "ack e3", "ack e4"]
+    assert stream.acked == ["e1", "e2", "e3", "e4"]
+
+
+def test_a_batch_that_fails_beyond_its_retries_stops_the_agent_at_its_next_batch() -> None:
+    """An unexpected failure in a batch's task (here: dead-lettering refused rows) leaves its
+    events unacknowledged and is raised to the agent, which stops as it did when it stored
+    its batches itself; nothing after it is acknowledged."""
+
+    async def dead_letter(rejected: list[tuple[Row, str]]) -> None:
+        raise ConnectionError("dead-letter topic away")
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        return StoreResult(stored=0, rejected=[(rows[0], "refused")])
+
+    async def run() -> tuple[FakeStream, list[str]]:
+        writer = BatchWriter(store, "rated", batch_size=1, max_backoff=0.1, on_rejected=dead_letter)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        await writer.add("e1", [row("e1")])  # type: ignore[arg-type]
+        raised: list[str] = []
+        for attempt in (writer.add("e2", [row("e2")]), writer.flush()):  # type: ignore[arg-type]
+            try:
+                await attempt
+            except RuntimeError as exc:
+                raised.append(f"{exc} <- {exc.__cause__}")
+        return stream, raised
+
+    stream, raised = asyncio.run(run())
+    assert stream.acked == []
+    assert raised == ["rated: storing a batch failed <- dead-letter topic away"] * 2
+
+
 UTILIZATION = RATED_USAGE.insert_columns.index("utilization")
 LIST_COST = RATED_USAGE.insert_columns.index("list_cost")
 
