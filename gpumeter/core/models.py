@@ -255,6 +255,33 @@ class _SampleJson(TypedDict):
 _SAMPLE_JSON: TypeAdapter[_SampleJson] = TypeAdapter(_SampleJson)
 
 
+# (window_start text, window_end text) -> (start, end, exact seconds), or None where the
+# sample's window breaks a rule. Samples of one window share both texts, so the two timestamp
+# checks and the exact length become one dict lookup for nearly every sample.
+_WINDOWS: dict[tuple[str, str], tuple[datetime, datetime, Decimal] | None] = {}
+_WINDOW_CACHE_SIZE = 4096
+
+
+def _checked_window(start_text: str, end_text: str) -> tuple[datetime, datetime, Decimal] | None:
+    key = (start_text, end_text)
+    try:
+        return _WINDOWS[key]
+    except KeyError:
+        pass
+    window: tuple[datetime, datetime, Decimal] | None = None
+    start = checked_timestamp(start_text)
+    end = checked_timestamp(end_text)
+    if start is not None and end is not None and start[2] and end[2]:
+        length = end[0] - start[0]
+        seconds = _exact_window(start[0], end[0], start[1], end[1])
+        if _ZERO <= length <= _MAX_WINDOW and 0 < seconds <= MAX_WINDOW_SECONDS:
+            window = (start[0], end[0], seconds)
+    if len(_WINDOWS) >= _WINDOW_CACHE_SIZE:
+        _WINDOWS.clear()
+    _WINDOWS[key] = window
+    return window
+
+
 def read_sample_json(raw: bytes | str) -> UsageSample | None:
     """The UsageSample of one JSON line through pydantic-core's JSON parser, or None.
 
@@ -269,31 +296,26 @@ def read_sample_json(raw: bytes | str) -> UsageSample | None:
         document = _SAMPLE_JSON.validate_json(raw)
     except ValidationError:
         return None
-    start = checked_timestamp(document["window_start"])
-    end = checked_timestamp(document["window_end"])
+    window = _checked_window(document["window_start"], document["window_end"])
     quantity = document["quantity"]
-    if start is None or end is None or not (start[2] and end[2] and within_places(quantity, QUANTITY_PLACES)):
+    if window is None or not within_places(quantity, QUANTITY_PLACES):
         return None
     kind = document["kind"]
     gpu_model = document.get("gpu_model")
     mig_profile = document.get("mig_profile")
     if (gpu_model is None) if kind == "gpu" else (gpu_model is not None or mig_profile is not None):
         return None
-    length = end[0] - start[0]
-    seconds = _exact_window(start[0], end[0], start[1], end[1])
-    if not (_ZERO <= length <= _MAX_WINDOW and 0 < seconds <= MAX_WINDOW_SECONDS):
-        return None
     values = {
         "event_id": document["event_id"], "kind": kind, "cluster": document["cluster"],
         "node": document["node"], "tenant": document["tenant"], "namespace": document["namespace"],
         "pod": document["pod"], "pod_uid": document["pod_uid"],
-        "window_start": start[0], "window_end": end[0], "quantity": quantity,
+        "window_start": window[0], "window_end": window[1], "quantity": quantity,
         "gpu_model": gpu_model, "mig_profile": mig_profile,
         "capacity_type": document.get("capacity_type", "on-demand"), "priority": document.get("priority", 0),
         "utilization": document.get("utilization"), "memory_used_bytes": document.get("memory_used_bytes"),
         "power_watts": document.get("power_watts"), "energy_joules": document.get("energy_joules"),
         "labels": document.get("labels", {}),
-        _WINDOW_CACHE: (start[0], end[0], seconds),
+        _WINDOW_CACHE: window,
     }
     return trusted(UsageSample, values, set(document))
 
