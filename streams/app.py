@@ -208,6 +208,8 @@ class BatchWriter:
                 return
             # The lock is held meanwhile: nothing is added until this batch is on its way.
             await self._settle()
+            if not self.pending.events or self._stopping.is_set():  # revoked or stopped meanwhile
+                return
             rows, events = self.pending.rows, self.pending.events
             self.pending.rows, self.pending.events, self.pending.sizes = [], [], []
             self._idle.clear()

@@ -580,6 +580,32 @@ def test_a_batch_that_fails_beyond_its_retries_stops_the_agent_at_its_next_batch
     assert raised == ["rated: storing a batch failed <- dead-letter topic away"] * 2
 
 
+def test_a_writer_stopped_while_a_batch_is_stored_stores_and_acknowledges_nothing_more() -> None:
+    stored: list[list[str]] = []
+    release = threading.Event()
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        release.wait(5)
+        stored.append([r[0] for r in rows])
+        return StoreResult(stored=len(rows))
+
+    async def run() -> FakeStream:
+        writer = BatchWriter(store, "rated", batch_size=1, max_backoff=0.1)
+        writer.stream = stream = FakeStream()  # type: ignore[assignment]
+        await writer.add("e1", [row("e1")])  # type: ignore[arg-type]  # handed to a task
+        second = asyncio.ensure_future(writer.add("e2", [row("e2")]))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        writer.stop()
+        release.set()
+        await asyncio.wait_for(second, 5)
+        await asyncio.wait_for(writer.flush(), 5)
+        return stream
+
+    stream = asyncio.run(run())
+    assert stored == [["e1"]]  # e1 was on its way; e2 never goes
+    assert stream.acked == []  # stored or not, nothing is acknowledged after stop()
+
+
 UTILIZATION = RATED_USAGE.insert_columns.index("utilization")
 LIST_COST = RATED_USAGE.insert_columns.index("list_cost")
 
