@@ -1,0 +1,37 @@
+"""The worker logs at the level it is given (streams.app._Worker), not at faust's DEBUG."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import faust
+import pytest
+
+from streams.app import _Worker
+
+
+@pytest.fixture
+def root_logger() -> Iterator[logging.Logger]:
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield root
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+@pytest.mark.parametrize(("loglevel", "expected"), [("warn", logging.WARNING), ("error", logging.ERROR)])
+def test_root_logger_keeps_the_requested_level(root_logger: logging.Logger, loglevel: str,
+                                               expected: int) -> None:
+    app = faust.App("gpumeter-test-logging", broker="kafka://127.0.0.1:1", autodiscover=False,
+                    web_enabled=False)
+    worker = _Worker(app, (), loglevel=loglevel, quiet=True)
+    root_logger.handlers[:] = [logging.StreamHandler()]
+    root_logger.setLevel(expected)  # as mode's logging set-up leaves it before the signal below
+
+    worker.on_setup_root_logger(root_logger, expected)
+
+    assert root_logger.level == expected
+    # A debug call from a library is dropped before any record is built.
+    assert not logging.getLogger("aiokafka.conn").isEnabledFor(logging.DEBUG)
+    assert not any(type(handler).__name__ == "SpinnerHandler" for handler in root_logger.handlers)
