@@ -4,10 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NATIVE_STAMP := $(VENV)/.native-built
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/gpumeter_native.pyi $(wildcard native/src/*.rs)
 
 .PHONY: install proto demo test lint unit integration kube bench testbin browser up down status clean dashboards
 
-install: $(STAMP)
+install: $(STAMP) $(NATIVE_STAMP)
 
 # Reinstall only when the dependency list changes; the project itself is installed editable.
 $(STAMP): pyproject.toml
@@ -15,6 +17,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+# The worker's native rating path (native/, Rust through pyo3, built by maturin from crates.io):
+# rebuilt when its sources change. Rust comes from rustup (~/.cargo/bin when not on PATH).
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@PATH="$$PATH:$$HOME/.cargo/bin" command -v cargo >/dev/null || \
+	  { echo "cargo not found: install Rust (rustup) to build native/" >&2; exit 1; }
+	PATH="$$PATH:$$HOME/.cargo/bin" $(BIN)/pip install --quiet ./native
+	@touch $(NATIVE_STAMP)
 
 # The kubelet PodResources gRPC stubs, generated from collectors/agent/proto/podresources_v1.proto.
 proto: install

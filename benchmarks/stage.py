@@ -6,9 +6,11 @@ Records a simulated fleet's samples framed as the pipeline sends them (one recor
 tenant, up to 500 lines: gpumeter/core/records.py), then times on one core, in CPU seconds
 of this process (steadier than wall time on a shared machine), best of ``--repeat``:
 - raw: split each record into lines and decode each line (stdlib json, and orjson);
-- stage: what the worker's rating agent does per record: RatingStage.process_record, then
-  encode_rated and rated_row for every rated sample (streams/app.py).
-Prints samples/s and the ratio stage / raw; ratios travel better than absolute numbers.
+- stage: what the worker's rating agent does per record, RatingStage.rate_record (rows with
+  their rated lines, and the rated record joined from them: streams/app.py), with the native
+  path (native/, streams/native_rating.py) as the worker runs it;
+- python: the same with the Python path alone (``RatingStage(..., native=False)``).
+Prints samples/s and the ratios to raw; ratios travel better than absolute numbers.
 """
 
 from __future__ import annotations
@@ -29,8 +31,7 @@ from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.core.records import RecordBatcher, join, split
 from gpumeter.core.settings import load_settings
-from streams.sink import rated_row
-from streams.stage import RatingStage, encode_rated
+from streams.stage import RatingStage
 
 console = Console()
 RESULTS = Path(__file__).resolve().parent / "results" / "stage-latest.json"
@@ -92,21 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     def raw_orjson() -> int:
         return sum(1 for record in record_values for line in split(record) if orjson.loads(line))
 
-    def stage() -> int:
-        # A fresh stage per run: its dedup window would otherwise see every id as a replay.
-        rating = RatingStage(cards, "bench")
-        rated_count = 0
-        for offset, record in enumerate(record_values):
-            rated = [outcome.rated for outcome in rating.process_record(record, 0, offset) if outcome.rated]
-            lines = [encode_rated(usage) for usage in rated]
-            join(lines)
-            [rated_row(usage, line) for usage, line in zip(rated, lines, strict=True)]
-            rated_count += len(rated)
-        return rated_count
+    def rating(native: bool) -> Callable[[], int]:
+        def run() -> int:
+            # A fresh stage per run: its dedup window would otherwise see every id as a replay.
+            stage = RatingStage(cards, "bench", native=native)
+            rated_count = 0
+            for offset, record in enumerate(record_values):
+                rows, _dead = stage.rate_record(record, 0, offset)
+                join([row[-1] for row in rows])
+                rated_count += len(rows)
+            return rated_count
+        return run
 
     results: dict[str, float] = {"samples": args.samples, "records": len(record_values)}
     timings = {}
-    for name, run in (("raw_json", raw_json), ("raw_orjson", raw_orjson), ("stage", stage)):
+    for name, run in (("raw_json", raw_json), ("raw_orjson", raw_orjson), ("stage", rating(True)),
+                      ("python", rating(False))):
         with console.status(f"{name}..."):
             seconds, handled = cpu_seconds(run, args.repeat)
         if handled != args.samples:
@@ -116,14 +118,20 @@ def main(argv: list[str] | None = None) -> int:
         results[f"{name}_per_s"] = args.samples / seconds
     results["ratio_vs_raw_json"] = results["stage_per_s"] / results["raw_json_per_s"]
     results["ratio_vs_raw_orjson"] = results["stage_per_s"] / results["raw_orjson_per_s"]
+    results["python_ratio_vs_raw_orjson"] = results["python_per_s"] / results["raw_orjson_per_s"]
+    results["native_vs_python"] = results["stage_per_s"] / results["python_per_s"]
     table = Table("measure", "value", title=f"rating stage, one core ({len(record_values)} records, "
                   f"{args.samples:,} samples, best of {args.repeat})", title_justify="left")
     table.add_row("raw split + json.loads", f"{results['raw_json_per_s']:,.0f} samples/s")
     table.add_row("raw split + orjson.loads", f"{results['raw_orjson_per_s']:,.0f} samples/s")
-    table.add_row("stage: validate, rate, JSON, row", f"{results['stage_per_s']:,.0f} samples/s "
+    table.add_row("stage (native): rate, JSON, row", f"{results['stage_per_s']:,.0f} samples/s "
                   f"({timings['stage'] / args.samples * 1e6:.1f} µs/sample)")
     table.add_row("  ratio vs raw json.loads", f"{results['ratio_vs_raw_json']:.3f}")
     table.add_row("  ratio vs raw orjson.loads", f"{results['ratio_vs_raw_orjson']:.3f}")
+    table.add_row("the same, Python path alone", f"{results['python_per_s']:,.0f} samples/s "
+                  f"({timings['python'] / args.samples * 1e6:.1f} µs/sample)")
+    table.add_row("  ratio vs raw orjson.loads", f"{results['python_ratio_vs_raw_orjson']:.3f}")
+    table.add_row("native / Python", f"{results['native_vs_python']:.2f}")
     console.print(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")

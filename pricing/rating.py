@@ -54,6 +54,12 @@ class Rater:
             found = self._ends[moment] = moment.astimezone(UTC)
         return found
 
+    def window(self, start: datetime, end: datetime) -> tuple[RateCard | None, datetime, datetime, str]:
+        """What rating a sample of this window takes from it: the card in force at ``start``,
+        the window in UTC as RatedUsage holds it, and the invoice month."""
+        card, window_start, period, _ = self._starts.get(start) or self._start(start)
+        return card, window_start, self._ends.get(end) or self._end(end), period
+
     def rate_for(
         self, card: RateCard, kind: str, gpu_model: str | None, mig_profile: str | None
     ) -> Rate | None:

@@ -41,7 +41,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP, EventT, StreamT
 
 from gpumeter.core import jsonio, records, topics
-from gpumeter.core.models import QuotaEvent, RatedUsage, dead_letter
+from gpumeter.core.models import QuotaEvent, dead_letter
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import TopicSpec
 from gpumeter.infra import kafka as kafka_admin
@@ -72,9 +72,8 @@ from streams.sink import (
     connector,
     dead_row,
     first_line,
-    rated_row,
 )
-from streams.stage import RatingStage, encode_dead, encode_rated
+from streams.stage import RatingStage, encode_dead
 
 log = logging.getLogger("gpumeter.worker")
 T = TypeVar("T")
@@ -607,18 +606,14 @@ def create_app(settings: Settings) -> WorkerApp:
         rated_writer.stream = stream
         async for event in stream.events():
             message = event.message
-            rated: list[RatedUsage] = []
-            for outcome in stage.process_record(event.value, message.partition, message.offset):
-                if outcome.rated is not None:
-                    rated.append(outcome.rated)
-                elif outcome.dead is not None:
-                    await dead_topic.send(key=message.key, value=encode_dead(outcome.dead))
-            lines = [encode_rated(r) for r in rated]
-            if lines:
+            rows, dead = stage.rate_record(event.value, message.partition, message.offset)
+            for letter in dead:
+                await dead_topic.send(key=message.key, value=encode_dead(letter))
+            if rows:
                 # One rated record per sample record: the same per-record economy downstream.
-                await rated_topic.send(key=message.key, value=records.join(lines))
+                await rated_topic.send(key=message.key, value=records.join([row[-1] for row in rows]))
             # The store sends these same lines to ClickHouse (streams/sink.py).
-            await rated_writer.add(event, [rated_row(r, line) for r, line in zip(rated, lines, strict=True)])
+            await rated_writer.add(event, rows)
 
     @app.agent(dead_topic)
     async def sink_dead(stream: StreamT) -> None:

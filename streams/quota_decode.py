@@ -151,7 +151,17 @@ def _usage(line: bytes) -> Located | None:
 
 def read_usages(record: bytes) -> list[Located] | None:
     """Every line of a rated record as (source partition, source offset, usage), or None when
-    any line is not plainly what the rating agent writes (then RatedLine decides)."""
+    any line is not plainly what the rating agent writes (then RatedLine decides).
+
+    Natively where the extension is built (native/src/lib.rs ``RatedReader``: the same checks,
+    with ``_moment``, ``_number`` and ``Usage.trusted`` for the values; a line with an escaped
+    string or a repeated field is left to RatedLine too), else in Python."""
+    if _NATIVE is not None:
+        return _NATIVE.read(record)
+    return read_usages_python(record)
+
+
+def read_usages_python(record: bytes) -> list[Located] | None:
     located = []
     for line in split(record):
         usage = _usage(line)
@@ -159,3 +169,11 @@ def read_usages(record: bytes) -> list[Located] | None:
             return None
         located.append(usage)
     return located
+
+
+try:
+    from gpumeter_native import RatedReader
+
+    _NATIVE: RatedReader | None = RatedReader(_moment, _number, Usage.trusted)
+except ImportError:  # not built (`make install` builds it)
+    _NATIVE = None

@@ -25,7 +25,11 @@ from gpumeter.core.models import (
 )
 from gpumeter.core.ratecard import RateCardSet
 from gpumeter.core.records import split
+from gpumeter.infra.schema import RATED_USAGE
 from pricing.rating import Rater
+from streams import native_rating
+from streams.native_rating import NativeRating
+from streams.sink import Row, rated_row
 
 
 @dataclass
@@ -57,6 +61,7 @@ _FINGERPRINT_FIELDS = (
 )
 _fingerprint = attrgetter(*_FINGERPRINT_FIELDS)  # of a sample (unit_seconds is worked out)
 _rated_fingerprint = itemgetter(*_FINGERPRINT_FIELDS)  # of a rated sample's instance dict
+_row_fingerprint = itemgetter(*(RATED_USAGE.insert_columns.index(name) for name in _FINGERPRINT_FIELDS))
 
 
 class RatingStage:
@@ -66,8 +71,11 @@ class RatingStage:
     ClickHouse sink is the authoritative guard against double billing.
     """
 
-    def __init__(self, cards: RateCardSet, source_topic: str, dedup_window: int = 200_000) -> None:
+    def __init__(self, cards: RateCardSet, source_topic: str, dedup_window: int = 200_000,
+                 native: bool = True) -> None:
         self.rater = Rater(cards)
+        self.native = native and native_rating.BUILT
+        self._native = NativeRating(self.rater) if self.native else None
         self.source_topic = source_topic
         self.dedup_window = dedup_window
         self._seen: OrderedDict[str, tuple[object, ...]] = OrderedDict()
@@ -82,6 +90,34 @@ class RatingStage:
     def use_cards(self, cards: RateCardSet) -> None:
         """Price from now on with ``cards`` (a fresh rater: its rate cache belonged to the old set)."""
         self.rater = Rater(cards)
+        self._native = NativeRating(self.rater) if self.native else None
+
+    def rate_record(self, record: bytes, partition: int, offset: int) -> tuple[list[Row], list[DeadLetter]]:
+        """What the worker's rating agent makes of a record: the rated_usage rows of its rated
+        samples, each carrying its rated line (``rated_row(rated, encode_rated(rated))``), and
+        the dead letters of the others; duplicates of recent samples give neither.
+
+        The native path rates the samples it plainly accepts (streams/native_rating.py); the
+        others, and any whose event_id was seen recently, go through ``process``.
+        """
+        lines = split(record)
+        native = self._native.rate_lines(lines, partition, offset) if self._native is not None else None
+        rows: list[Row] = []
+        dead: list[DeadLetter] = []
+        for index, line in enumerate(lines):
+            row = native[index] if native is not None else None
+            if row is not None and row[0] not in self._seen:
+                self.counters.received += 1
+                self._remember(row[0], _row_fingerprint(row))
+                self.counters.rated += 1
+                rows.append(row)
+                continue
+            outcome = self.process(line, partition, offset, index)
+            if outcome.rated is not None:
+                rows.append(rated_row(outcome.rated, encode_rated(outcome.rated)))
+            elif outcome.dead is not None:
+                dead.append(outcome.dead)
+        return rows, dead
 
     def process_record(self, record: bytes, partition: int, offset: int) -> list[Outcome]:
         """Every sample of a (possibly multi-line) Kafka record; see gpumeter/records.py."""

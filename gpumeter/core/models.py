@@ -262,7 +262,7 @@ _WINDOWS: dict[tuple[str, str], tuple[datetime, datetime, Decimal] | None] = {}
 _WINDOW_CACHE_SIZE = 4096
 
 
-def _checked_window(start_text: str, end_text: str) -> tuple[datetime, datetime, Decimal] | None:
+def checked_window(start_text: str, end_text: str) -> tuple[datetime, datetime, Decimal] | None:
     key = (start_text, end_text)
     try:
         return _WINDOWS[key]
@@ -296,7 +296,7 @@ def read_sample_json(raw: bytes | str) -> UsageSample | None:
         document = _SAMPLE_JSON.validate_json(raw)
     except ValidationError:
         return None
-    window = _checked_window(document["window_start"], document["window_end"])
+    window = checked_window(document["window_start"], document["window_end"])
     quantity = document["quantity"]
     if window is None or not within_places(quantity, QUANTITY_PLACES):
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -20,11 +21,22 @@ from gpumeter.core import jsonio
 from gpumeter.core.records import join
 from quota.accounting import Usage
 from streams.quota import BadRatedRecord, decode_rated
-from streams.quota_decode import read_usages
+from streams.quota_decode import read_usages, read_usages_python
 from streams.stage import RatingStage, encode_rated
 from testkit.builders import card_set, random_samples
 
 Located = tuple[int, int, Usage]
+Reader = Callable[[bytes], "list[Located] | None"]
+
+
+@pytest.fixture(params=["native", "python"])
+def read(request: pytest.FixtureRequest) -> Reader:
+    """Both readers: the native one (what read_usages uses when the extension is built) and the
+    Python one (without it)."""
+    if request.param == "native":
+        assert quota_decode._NATIVE is not None, "gpumeter_native is not built: `make install` builds it"
+        return read_usages
+    return read_usages_python
 
 
 def reference(record: bytes) -> list[Located]:
@@ -48,10 +60,10 @@ def rated_records() -> list[bytes]:
 RECORDS = rated_records()
 
 
-def test_the_rating_agents_records_are_read_fast_and_alike() -> None:
+def test_the_rating_agents_records_are_read_fast_and_alike(read: Reader) -> None:
     lines = 0
     for record in RECORDS:
-        fast = read_usages(record)
+        fast = read(record)
         assert fast is not None
         expected = reference(record)
         assert fast == expected
@@ -60,11 +72,11 @@ def test_the_rating_agents_records_are_read_fast_and_alike() -> None:
     assert lines > 300  # most of the 400 samples rated (October and November cards)
 
 
-def test_the_fast_paths_usages_pass_the_checked_constructor() -> None:
+def test_the_fast_paths_usages_pass_the_checked_constructor(read: Reader) -> None:
     """read_usages builds with Usage.trusted (no __post_init__): every usage it builds, and
     every usage of a varied line it takes, is one the checked constructor accepts as equal."""
-    taken = [read_usages(record) for record in RECORDS]
-    taken += [read_usages(varied(name, value)) for name, value in VARIATIONS]
+    taken = [read(record) for record in RECORDS]
+    taken += [read(varied(name, value)) for name, value in VARIATIONS]
     checked = 0
     for located in taken:
         for _partition, _offset, usage in located or []:
@@ -107,10 +119,10 @@ def varied(name: str, value: Any) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode()  # json: big ints too
 
 
-def assert_read_alike_or_left(record: bytes) -> None:
+def assert_read_alike_or_left(read: Reader, record: bytes) -> None:
     """The fast path reads ``record`` exactly as RatedLine does, or leaves it to RatedLine (None);
     a record RatedLine refuses is never read by the fast path."""
-    fast = read_usages(record)
+    fast = read(record)
     try:
         expected = reference(record)
     except BadRatedRecord:
@@ -120,8 +132,8 @@ def assert_read_alike_or_left(record: bytes) -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), VARIATIONS, ids=[f"{n}={v!r}"[:40] for n, v in VARIATIONS])
-def test_a_varied_line_is_read_alike_or_left_to_rated_line(name: str, value: Any) -> None:
-    assert_read_alike_or_left(join([RECORDS[0].split(b"\n")[1], varied(name, value)]))
+def test_a_varied_line_is_read_alike_or_left_to_rated_line(read: Reader, name: str, value: Any) -> None:
+    assert_read_alike_or_left(read, join([RECORDS[0].split(b"\n")[1], varied(name, value)]))
 
 
 @pytest.mark.parametrize(
@@ -131,18 +143,19 @@ def test_a_varied_line_is_read_alike_or_left_to_rated_line(name: str, value: Any
      varied("tenant", "team-a")[:-1] + b',"tenant":"team-b"}'],
     ids=["not-json", "array", "truncated", "null", "string", "duplicate-key"],
 )
-def test_lines_that_are_no_rated_object(line: bytes) -> None:
-    assert_read_alike_or_left(join([RECORDS[0].split(b"\n")[0], line]))
+def test_lines_that_are_no_rated_object(read: Reader, line: bytes) -> None:
+    assert_read_alike_or_left(read, join([RECORDS[0].split(b"\n")[0], line]))
 
 
-def test_the_canonical_variations_are_taken_by_the_fast_path() -> None:
+def test_the_canonical_variations_are_taken_by_the_fast_path(read: Reader) -> None:
     """Values the rating agent writes in other forms (a zero cost, other capacity types)."""
     for name, value in [("list_cost", "0E-18"), ("capacity_type", "spot"), ("capacity_type", MISSING),
                         ("quantity", "1.000000000000"), ("priority", -2147483648)]:
-        assert read_usages(varied(name, value)) is not None, name
+        assert read(varied(name, value)) is not None, name
 
 
 def test_remembered_texts_give_the_answers_read_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    read = read_usages_python  # the Python caches; the native reader's are its own
     """Tenants, timestamps and decimal texts are remembered once read: with the caches cold,
     warm, and overflowing (a limit of 2 clears them constantly) the fast path answers alike."""
     monkeypatch.setattr(quota_decode, "_CACHE_LIMIT", 2)
@@ -151,7 +164,7 @@ def test_remembered_texts_give_the_answers_read_afresh(monkeypatch: pytest.Monke
     for _round in ("cold", "warm"):
         answered = 0
         for record in RECORDS[:6] + [varied(name, value) for name, value in VARIATIONS]:
-            fast = read_usages(record)
+            fast = read(record)
             try:
                 expected = reference(record)
             except BadRatedRecord:
