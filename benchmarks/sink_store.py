@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipeline import cpu_seconds, isolated_namespace, make_payloads, raw_insert
+from pipeline import cpu_seconds, isolated_namespace, make_payloads, raw_insert, service_pids
 from rich.console import Console
 from rich.table import Table
 
@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     settings, client, _ = isolated_namespace("sinkbench")
-    local = services.LocalServices.from_settings(settings).clickhouse
-    server_pid = local.pid() if local is not None else None
+    server_pid = service_pids(settings).get("ClickHouse server")
     try:
         samples = make_payloads(args.samples)
         with console.status("raw ClickHouse bulk insert..."):
