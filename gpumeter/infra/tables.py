@@ -20,6 +20,8 @@ class Column:
     # A DEFAULT expression filled in by the server: such a column is not part of inserted rows.
     default: str | None = None
     comment: str | None = None
+    # A compression codec of the column's own, e.g. "NONE" for values that do not compress.
+    codec: str | None = None
 
     @property
     def ddl(self) -> str:
@@ -28,6 +30,8 @@ class Column:
             text += f" DEFAULT {self.default}"
         if self.comment is not None:
             text += " COMMENT '" + self.comment.replace("'", "''") + "'"
+        if self.codec is not None:
+            text += f" CODEC({self.codec})"
         return text
 
 

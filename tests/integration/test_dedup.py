@@ -20,7 +20,7 @@ import pytest
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
-from gpumeter.infra.schema import PIPELINE, RATED_USAGE
+from gpumeter.infra.schema import EVENT_IDS, PIPELINE, RATED_USAGE
 from testkit.builders import sample
 from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli
@@ -151,7 +151,7 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         rollup_before = client.query(ROLLUP_TOTALS).result_rows
 
         applied = clickhouse.migrate(client, [PIPELINE])
-        assert applied == ["pipeline/4", "pipeline/5"]
+        assert applied == ["pipeline/4", "pipeline/5", "pipeline/6"]
 
         after = client.query(TOTALS).result_rows
         rollup_after = client.query(ROLLUP_TOTALS).result_rows
@@ -195,7 +195,7 @@ def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_onc
             "60 * (1 + number % 4), 'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers(2000)")
         before = client.query(EVENT_ID_ROWS).result_rows
 
-        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/5"]
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/5", "pipeline/6"]
         for statement in next(m for m in PIPELINE.migrations if m.version == 5).statements:
             client.command(statement)  # run again, as after a failure part-way: still each id once
 
@@ -220,6 +220,48 @@ def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_onc
         sink.close()
     assert (same.stored, same.conflicts) == (0, [])
     assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
+
+
+def test_migration_6_leaves_event_ids_hashes_uncompressed_and_every_id_found(settings: Settings) -> None:
+    """A database at pipeline migration 5 as shipped (id_hash in the server's default codec)."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.command("DROP TABLE event_ids")
+        shipped = EVENT_IDS.create_sql().replace(" CODEC(NONE)", "")
+        assert shipped != EVENT_IDS.create_sql()
+        client.command(shipped)
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 6")
+        client.command(
+            f"INSERT INTO event_ids ({', '.join(EVENT_IDS.insert_columns)}) SELECT concat('id-', toString(number)), "
+            "'t1', 'gpu', toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
+            "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1, 60, "
+            "'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers(500)")
+        before = client.query(EVENT_ID_ROWS).result_rows
+
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/6"]
+        for statement in next(m for m in PIPELINE.migrations if m.version == 6).statements:
+            client.command(statement)  # re-runnable
+
+        assert clickhouse.scalar(client, CODEC_QUERY) == "CODEC(NONE)"
+        assert client.query(EVENT_ID_ROWS).result_rows == before and len(before) == 500
+    finally:
+        client.close()
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    start = datetime(2026, 11, 5, 0, 7, tzinfo=UTC)
+    try:
+        other = sink.store_rated([tuple(rated_row_values(
+            "id-7", tenant="t2", window_start=start, window_end=start + timedelta(minutes=1),
+            quantity=Decimal(1), unit_seconds=Decimal(60)))])
+    finally:
+        sink.close()
+    assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
+
+
+CODEC_QUERY = ("SELECT compression_codec FROM system.columns WHERE database = currentDatabase() "
+               "AND table = 'event_ids' AND name = 'id_hash'")
 
 
 def test_a_repeated_insert_of_the_same_rows_is_dropped_by_the_engine(settings: Settings) -> None:
