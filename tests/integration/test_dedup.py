@@ -235,7 +235,8 @@ def test_migration_6_leaves_event_ids_hashes_uncompressed_and_every_id_found(set
         client.command(shipped)
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 6")
         client.command(
-            f"INSERT INTO event_ids ({', '.join(EVENT_IDS.insert_columns)}) SELECT concat('id-', toString(number)), "
+            f"INSERT INTO event_ids ({', '.join(EVENT_IDS.insert_columns)}) "
+            "SELECT concat('id-', toString(number)), "
             "'t1', 'gpu', toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
             "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1, 60, "
             "'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers(500)")
