@@ -98,7 +98,8 @@ EVENT_IDS = Table(
         # The sort key, filled by the server: 8 bytes to read per candidate row, not a 36-byte id.
         # Uncompressed: hashes do not compress, and a lookup decompresses a block per id and
         # part. A server may compress merged parts with ZSTD by default (chdb does), which made
-        # a 15,000-id lookup in 30 million ids 1.8x as costly (benchmarks/month_end.py).
+        # a 15,000-id lookup in 30 million ids in 5 merged parts 1.8x as costly (460 against
+        # 250 ms of server CPU); benchmarks/month_end.py shows its effect on ingest.
         ID_HASH,
         # Several copies of one id can be recorded (two sinks racing): the earliest is the first.
         Column("recorded_at", "DateTime64(3, 'UTC')", default="now64(3)"),
