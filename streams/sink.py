@@ -6,7 +6,8 @@ its copies (contract 1):
 1. inside the batch the first copy of an id wins; a later copy with the same billing fields
    is a duplicate, one with other fields a conflict;
 2. the ids are looked up in ``event_ids`` (the stored copy of every id, any tenant, any
-   month; ordered by a hash of the id, so one small granule per id): same fields as a stored
+   month; ordered by a hash of the id, so one small granule per id; its hashes alone are
+   probed first in ``event_id_hashes``, which a view fills): same fields as a stored
    copy, a duplicate; other fields, a conflict with the first stored copy, returned in
    ``StoreResult.conflicts`` for the caller to dead-letter (reason ``duplicate_conflict``);
 3. the remaining rows are checked against rated_usage on its time-local key (rows of this
@@ -55,7 +56,7 @@ from gpumeter.core import jsonio
 from gpumeter.core.models import RatedUsage
 from gpumeter.infra import clickhouse
 from gpumeter.infra.insert import have_lines, insert_lines, insert_rows, with_line
-from gpumeter.infra.schema import DEAD_LETTERS, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
+from gpumeter.infra.schema import DEAD_LETTERS, EVENT_ID_HASHES, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from gpumeter.infra.tables import Table
 
 log = logging.getLogger(__name__)
@@ -291,13 +292,15 @@ class ClickHouseSink:
     def _billed(self, client: Client, ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:
         """Billing fields of the recorded copies of each id that has any, the first first.
 
-        PREWHERE on the sort key reads one granule of hashes per id and part; the other
-        columns only for the rows whose hash matches. More than one copy of an id is
-        recorded only when two sinks raced; any of them is then the same sample again.
+        The batch's hashes are probed in event_id_hashes (one granule of bare hashes per id
+        and part, few parts); event_ids is read only for the hashes found there, on its sort
+        key, and none at all when every id is new. More than one copy of an id is recorded
+        only when two sinks raced; any of them is then the same sample again.
         """
         found = client.query(
             f"SELECT event_id, {', '.join(FINGERPRINT_COLUMNS)} FROM {EVENT_IDS.name} "
-            f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
+            f"PREWHERE id_hash IN (SELECT id_hash FROM {EVENT_ID_HASHES.name} "
+            f"WHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE})) "
             f"WHERE event_id IN {IDS_TABLE} ORDER BY recorded_at",
             external_data=ids_table(ids),
         ).result_rows

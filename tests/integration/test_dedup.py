@@ -128,7 +128,8 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
     """A database at pipeline migration 3 (rated_usage keyed by tenant, event_id) with rows."""
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
-        for table in ("usage_hourly_mv", "event_ids", "rated_usage", "usage_hourly"):
+        for table in ("event_id_hashes_mv", "event_id_hashes", "usage_hourly_mv", "event_ids", "rated_usage",
+                      "usage_hourly"):
             client.command(f"DROP TABLE IF EXISTS {table}")
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 4")
         client.command(OLD_KEY_RATED_USAGE)
@@ -151,7 +152,7 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         rollup_before = client.query(ROLLUP_TOTALS).result_rows
 
         applied = clickhouse.migrate(client, [PIPELINE])
-        assert applied == ["pipeline/4", "pipeline/5", "pipeline/6"]
+        assert applied == ["pipeline/4", "pipeline/5", "pipeline/6", "pipeline/7"]
 
         after = client.query(TOTALS).result_rows
         rollup_after = client.query(ROLLUP_TOTALS).result_rows
@@ -173,31 +174,57 @@ EVENT_IDS_QUERY = ("SELECT engine, create_table_query FROM system.tables WHERE d
                    "AND name = %(name)s")
 EVENT_ID_ROWS = ("SELECT event_id, tenant, kind, window_start, window_end, quantity, unit_seconds, "
                  "gpu_model, mig_profile, capacity_type, period FROM event_ids ORDER BY event_id")
+# Ids as an earlier sink recorded them: id-N billed to t(N % 3) at 00:N minutes on 2026-11-05 for
+# 1 + N % 4 GPU-minutes.
+RECORDED_IDS = (
+    f"INSERT INTO event_ids ({', '.join(EVENT_IDS.insert_columns)}) "
+    "SELECT concat('id-', toString(number)), concat('t', toString(number % 3)), 'gpu', "
+    "toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
+    "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1 + number % 4, "
+    "60 * (1 + number % 4), 'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers({count})")
+# What later pipeline migrations added beside event_ids, dropped to rewind a database.
+LATER_THAN_6 = ("DROP VIEW IF EXISTS event_id_hashes_mv", "DROP TABLE IF EXISTS event_id_hashes")
+
+
+def rerun(client: Any, version: int) -> None:
+    """Run a migration's statements again, as after a failure part-way."""
+    for statement in next(m for m in PIPELINE.migrations if m.version == version).statements:
+        client.command(statement)
+
+
+def assert_id_7_is_found(settings: Settings) -> None:
+    """id-7 of RECORDED_IDS (t1, 00:07, 4 GPU-minutes): the same copy is a duplicate, a copy
+    for another tenant a conflict; neither is stored."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    start = datetime(2026, 11, 5, 0, 7, tzinfo=UTC)
+    copy = {"tenant": "t1", "window_start": start, "window_end": start + timedelta(minutes=1),
+            "quantity": Decimal(4), "unit_seconds": Decimal(240)}
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    try:
+        same = sink.store_rated([tuple(rated_row_values("id-7", **copy))])
+        other = sink.store_rated([tuple(rated_row_values("id-7", **{**copy, "tenant": "t2"}))])
+    finally:
+        sink.close()
+    assert (same.stored, same.conflicts) == (0, [])
+    assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
 
 
 def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_once(settings: Settings) -> None:
     """A database at pipeline migration 4 (event_ids in EmbeddedRocksDB) with ids: migration 5."""
-    from streams.sink import ClickHouseSink, connector
-    from tests.integration.test_poison import rated_row_values
-
     migration_4 = next(m for m in PIPELINE.migrations if m.version == 4)
     key_value = next(s for s in migration_4.statements if "EmbeddedRocksDB" in s)
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
-        client.command("DROP TABLE event_ids")
-        client.command(key_value)
+        for statement in (*LATER_THAN_6, "DROP TABLE event_ids", key_value):
+            client.command(statement)
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 5")
-        client.command(
-            "INSERT INTO event_ids SELECT concat('id-', toString(number)), "
-            "concat('t', toString(number % 3)), 'gpu', "
-            "toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
-            "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1 + number % 4, "
-            "60 * (1 + number % 4), 'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers(2000)")
+        client.command(RECORDED_IDS.format(count=2000))
         before = client.query(EVENT_ID_ROWS).result_rows
 
-        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/5", "pipeline/6"]
-        for statement in next(m for m in PIPELINE.migrations if m.version == 5).statements:
-            client.command(statement)  # run again, as after a failure part-way: still each id once
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/5", "pipeline/6", "pipeline/7"]
+        rerun(client, 5)  # still each id once
 
         engine, ddl = client.query(EVENT_IDS_QUERY, parameters={"name": "event_ids"}).result_rows[0]
         assert engine == "MergeTree" and "ORDER BY id_hash" in ddl and "index_granularity = 256" in ddl
@@ -208,61 +235,85 @@ def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_onc
             assert "non_replicated_deduplication_window = 10000" in ddl, table
     finally:
         client.close()
-    # The converted ids are found again: id-7 was billed to t1 at 00:07 for 4 GPU-minutes.
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
-    start = datetime(2026, 11, 5, 0, 7, tzinfo=UTC)
-    copy = {"tenant": "t1", "window_start": start, "window_end": start + timedelta(minutes=1),
-            "quantity": Decimal(4), "unit_seconds": Decimal(240)}
-    try:
-        same = sink.store_rated([tuple(rated_row_values("id-7", **copy))])
-        other = sink.store_rated([tuple(rated_row_values("id-7", **{**copy, "tenant": "t2"}))])
-    finally:
-        sink.close()
-    assert (same.stored, same.conflicts) == (0, [])
-    assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
+    assert_id_7_is_found(settings)
 
 
 def test_migration_6_leaves_event_ids_hashes_uncompressed_and_every_id_found(settings: Settings) -> None:
     """A database at pipeline migration 5 as shipped (id_hash in the server's default codec)."""
-    from streams.sink import ClickHouseSink, connector
-    from tests.integration.test_poison import rated_row_values
-
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
-        client.command("DROP TABLE event_ids")
         shipped = EVENT_IDS.create_sql().replace(" CODEC(NONE)", "")
         assert shipped != EVENT_IDS.create_sql()
-        client.command(shipped)
+        for statement in (*LATER_THAN_6, "DROP TABLE event_ids", shipped):
+            client.command(statement)
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 6")
-        client.command(
-            f"INSERT INTO event_ids ({', '.join(EVENT_IDS.insert_columns)}) "
-            "SELECT concat('id-', toString(number)), "
-            "'t1', 'gpu', toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
-            "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1, 60, "
-            "'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers(500)")
+        client.command(RECORDED_IDS.format(count=500))
         before = client.query(EVENT_ID_ROWS).result_rows
 
-        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/6"]
-        for statement in next(m for m in PIPELINE.migrations if m.version == 6).statements:
-            client.command(statement)  # re-runnable
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/6", "pipeline/7"]
+        rerun(client, 6)
 
         assert clickhouse.scalar(client, CODEC_QUERY) == "CODEC(NONE)"
         assert client.query(EVENT_ID_ROWS).result_rows == before and len(before) == 500
     finally:
         client.close()
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
-    start = datetime(2026, 11, 5, 0, 7, tzinfo=UTC)
-    try:
-        other = sink.store_rated([tuple(rated_row_values(
-            "id-7", tenant="t2", window_start=start, window_end=start + timedelta(minutes=1),
-            quantity=Decimal(1), unit_seconds=Decimal(60)))])
-    finally:
-        sink.close()
-    assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
+    assert_id_7_is_found(settings)
 
 
 CODEC_QUERY = ("SELECT compression_codec FROM system.columns WHERE database = currentDatabase() "
                "AND table = 'event_ids' AND name = 'id_hash'")
+HASHES = "SELECT groupArray(id_hash) FROM (SELECT id_hash FROM {table} ORDER BY id_hash)"
+
+
+def test_migration_7_gives_every_recorded_id_its_hash_and_later_ids_come_through_the_view(
+        settings: Settings) -> None:
+    """A database at pipeline migration 6 with recorded ids: migration 7, run twice."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        for statement in LATER_THAN_6:
+            client.command(statement)
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 7")
+        client.command(RECORDED_IDS.format(count=500))
+
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/7"]
+        rerun(client, 7)  # each hash still once
+
+        hashes = clickhouse.scalar(client, HASHES.format(table="event_id_hashes"))
+        assert hashes == clickhouse.scalar(client, HASHES.format(table="event_ids"))
+        assert len(set(hashes)) == 500
+    finally:
+        client.close()
+    assert_id_7_is_found(settings)
+    # Ids recorded by the sink from now on reach event_id_hashes through the view.
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    try:
+        assert sink.store_rated([tuple(rated_row_values(f"new-{i}")) for i in range(3)]).stored == 3
+    finally:
+        sink.close()
+    assert count_rows(settings, "SELECT count() FROM event_id_hashes") == 503
+
+
+def test_a_hash_without_its_recorded_row_does_not_make_an_id_billed(settings: Settings) -> None:
+    """event_id_hashes may hold more than event_ids (a view insert retried after its source's
+    part landed): only a row in event_ids itself makes an id billed."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.command("INSERT INTO event_id_hashes SELECT sipHash64('ghost')")
+    finally:
+        client.close()
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    try:
+        stored = sink.store_rated([tuple(rated_row_values("ghost"))])
+    finally:
+        sink.close()
+    assert (stored.stored, stored.conflicts) == (1, [])
+    assert count_rows(settings, "SELECT count() FROM rated_usage WHERE event_id = 'ghost'") == 1
 
 
 def test_a_repeated_insert_of_the_same_rows_is_dropped_by_the_engine(settings: Settings) -> None:
