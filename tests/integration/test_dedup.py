@@ -122,15 +122,17 @@ def test_ids_with_tabs_newlines_and_backslashes_are_found_again(settings: Settin
 
 OLD_KEY_RATED_USAGE = RATED_USAGE.create_sql().replace(
     "ORDER BY (tenant, window_start, event_id)", "ORDER BY (tenant, event_id)")
+# What later pipeline migrations added beside event_ids, dropped to rewind a database.
+LATER_THAN_6 = ("DROP VIEW IF EXISTS event_id_hashes_mv", "DROP TABLE IF EXISTS event_id_hashes")
 
 
 def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None:
     """A database at pipeline migration 3 (rated_usage keyed by tenant, event_id) with rows."""
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
-        for table in ("event_id_hashes_mv", "event_id_hashes", "usage_hourly_mv", "event_ids", "rated_usage",
-                      "usage_hourly"):
-            client.command(f"DROP TABLE IF EXISTS {table}")
+        for statement in (*LATER_THAN_6, *(f"DROP TABLE IF EXISTS {table}" for table in (
+                "usage_hourly_mv", "event_ids", "rated_usage", "usage_hourly"))):
+            client.command(statement)
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 4")
         client.command(OLD_KEY_RATED_USAGE)
         migration_1 = next(m for m in PIPELINE.migrations if m.version == 1)
@@ -182,8 +184,6 @@ RECORDED_IDS = (
     "toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
     "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1 + number % 4, "
     "60 * (1 + number % 4), 'H100-SXM-80GB', NULL, 'on-demand', '2026-11' FROM numbers({count})")
-# What later pipeline migrations added beside event_ids, dropped to rewind a database.
-LATER_THAN_6 = ("DROP VIEW IF EXISTS event_id_hashes_mv", "DROP TABLE IF EXISTS event_id_hashes")
 
 
 def rerun(client: Any, version: int) -> None:
