@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -35,6 +36,11 @@ def loads(data: bytes | str) -> Any:
         raise JSONInputError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except RecursionError as exc:
         raise JSONInputError("not JSON: nested too deeply") from exc
+    except ValueError as exc:
+        # Python refuses integers longer than sys.get_int_max_str_digits() with a plain
+        # ValueError; uncaught it wedged a partition (issue 31): it is bad input like any other.
+        limit = sys.get_int_max_str_digits()
+        raise JSONInputError(f"not JSON: an integer of more than {limit} digits") from exc
 
 
 def _default(value: Any) -> Any:

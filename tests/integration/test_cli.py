@@ -84,6 +84,17 @@ def test_ingest_from_stdin(settings: Settings) -> None:
     assert result.stdout.strip() == "accepted 3, rejected 0"
 
 
+def test_ingest_keeps_going_past_a_line_with_an_integer_python_cannot_convert(settings: Settings) -> None:
+    """Issue 31, point 1: a 5,000-digit integer used to abort the whole file with a traceback."""
+    good = [json.dumps(s) for s in big_h100_user(seed=4, windows=2)]
+    lines = "\n".join([good[0], '{"priority": ' + "9" * 5_000 + "}", good[1]]) + "\n"
+    result = run_cli(settings, "ingest", "-", stdin=lines.encode())
+    assert result.returncode == 2, result.stderr  # bad input was seen; both good lines still went out
+    assert result.stdout.strip() == "accepted 2, rejected 1"
+    assert "Traceback" not in result.stderr
+    assert "line 2: not JSON" in result.stderr
+
+
 def test_drain_without_a_worker_times_out_with_exit_1(settings: Settings, tmp_path: Path) -> None:
     usage = tmp_path / "u.jsonl"
     usage.write_text(json.dumps(big_h100_user(seed=3, windows=1)[0]) + "\n")

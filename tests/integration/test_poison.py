@@ -17,6 +17,7 @@ import pytest
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core import topics
+from gpumeter.core.records import join
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra.schema import RATED_USAGE
@@ -40,6 +41,13 @@ NANO_SAMPLE = sample(
 )
 
 
+def publish_record(settings: Settings, tenant: str, record: bytes) -> None:
+    producer = kafka.make_producer(settings.kafka)
+    producer.send(settings.kafka.topic(topics.SAMPLES), key=tenant.encode(), value=record)
+    producer.flush(timeout=60)
+    producer.close()
+
+
 def poisoned(base: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**base, **changes, "event_id": f"poison-{name}"} for name, changes in POISON.items()]
 
@@ -52,17 +60,26 @@ def test_a_poisoned_sample_is_a_dead_letter_and_everything_else_is_billed(
              + ordinary[200:]]
     worker_factory(settings)
     publish_lines(settings, lines)
+    # An integer Python will not convert (over 4,300 digits) between two valid samples of one
+    # record: its plain ValueError once left the record unacknowledged, the partition's commit
+    # stuck behind it and its neighbours unbilled (issue 31, point 1).
+    beside = [{**s, "event_id": f"beside-{i}"} for i, s in enumerate(random_samples(seed=33, count=2))]
+    huge = b'{"event_id": "poison-huge-int", "priority": ' + b"9" * 5_000 + b"}"
+    publish_record(settings, beside[0]["tenant"], join([json.dumps(beside[0]).encode(), huge,
+                                                        json.dumps(beside[1]).encode()]))
+    publish_lines(settings, [json.dumps(s).encode() for s in random_samples(seed=34, count=20)])
 
     # Before the fix this never finished: the batch holding the poison retried forever.
     drained = run_cli(settings, "drain", "--timeout", "90")
     assert drained.returncode == 0, drained.stderr
 
-    assert count_rows(settings, "SELECT count() FROM rated_usage") == len(ordinary) + 1
+    assert count_rows(settings, "SELECT count() FROM rated_usage") == len(ordinary) + 1 + 2 + 20
     for name in POISON:
         reason = count_rows(
             settings, f"SELECT count() FROM dead_letters FINAL WHERE event_id = 'poison-{name}' "
             "AND reason_code = 'invalid'")
         assert reason == 1, name
+    assert count_rows(settings, "SELECT count() FROM dead_letters FINAL WHERE reason_code = 'not_json'") == 1
     # RFC3339Nano: 60.000000001 s x 0.142857142857 GPU = 21 decimal places, every one kept.
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+import pytest
+
 from gpumeter.core import jsonio
 from gpumeter.core.models import RatedUsage, parse_sample
 from gpumeter.core.ratecard import load_rate_cards
@@ -92,3 +94,27 @@ def test_a_rated_line_names_exactly_the_columns_rated_usage_is_inserted_with() -
     assert rated is not None
     keys = list(json.loads(encode_rated(rated)))
     assert sorted(keys) == sorted(RATED_USAGE.insert_columns) and len(keys) == len(set(keys))
+
+
+HUGE_INTEGER = "9" * 5_000  # beyond Python's 4,300-digit int conversion limit
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+@pytest.mark.parametrize(
+    "poison",
+    [
+        pytest.param(b'{"priority": ' + HUGE_INTEGER.encode() + b"}", id="huge-integer-alone"),
+        pytest.param(sample("p")[:-1] + b', "priority": ' + HUGE_INTEGER.encode() + b"}", id="huge-priority"),
+        pytest.param(sample("p").replace(b'"quantity": "1"', b'"quantity": ' + HUGE_INTEGER.encode()),
+                     id="huge-quantity"),
+    ],
+)
+def test_a_poisoned_line_is_a_dead_letter_and_the_samples_beside_it_are_rated(
+    native: bool, poison: bytes
+) -> None:
+    """Issue 31, point 1: one line must not take its record (and the partition) down with it."""
+    stage = RatingStage(load_rate_cards(DEFAULTS_DIR / "ratecards"), "samples", native=native)
+    rows, dead = stage.rate_record(join([sample("a"), poison, sample("b")]), partition=0, offset=9)
+    assert [row[0] for row in rows] == ["a", "b"]
+    assert [(d.source_index, d.reason_code) for d in dead] == [(1, "not_json")]
+    assert "digits" in dead[0].reason
