@@ -25,11 +25,12 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from gpumeter.core import jsonio
+from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import PreemptionAction, PreemptionRecord, QuotaEvent
 from gpumeter.core.money import exact
 from gpumeter.core.tenants import TenantPolicy
 from quota.victims import eviction_order, select_victims
-from scheduler_hooks.kube_objects import NOTICE_ANNOTATION, Notice, PodView
+from scheduler_hooks.kube_objects import Notice, PodView
 from scheduler_hooks.policy import quota_message
 
 RECLAIM_PREFIX = "spot-reclaim:"
@@ -179,12 +180,12 @@ def _pointer(key: str) -> str:
 
 def notice_patch(uid: str, notice: Notice) -> dict[str, Any]:
     """JSON merge patch adding the notice; the uid makes it fail (422) on a same-named new pod."""
-    return {"metadata": {"uid": uid, "annotations": {NOTICE_ANNOTATION: notice.to_annotation()}}}
+    return {"metadata": {"uid": uid, "annotations": {EVICTION_NOTICE_ANNOTATION: notice.to_annotation()}}}
 
 
 def withdraw_patch(notice_text: str) -> list[dict[str, Any]]:
     """JSON patch removing the notice only if it is still exactly the one we put there."""
-    path = f"/metadata/annotations/{_pointer(NOTICE_ANNOTATION)}"
+    path = f"/metadata/annotations/{_pointer(EVICTION_NOTICE_ANNOTATION)}"
     return [{"op": "test", "path": path, "value": notice_text}, {"op": "remove", "path": path}]
 
 

@@ -6,86 +6,40 @@ a pure function testable without a cluster.
 
 Rules where Kubernetes leaves a choice to us:
 
-- A pod's tenant is its namespace's label ``gpumeter.io/tenant``, else the namespace name,
-  normalised onto ``[a-z0-9][a-z0-9-]{0,62}`` exactly as the node agent normalises it, so the
-  tenant of a quota event (computed from the agent's samples) finds the same pods.
-- GPUs held are the pod's effective ``nvidia.com/gpu`` request as the scheduler computes it:
-  max(Σ app containers, largest init container); a limit without a request counts as the
-  request (API defaulting does the same for extended resources).
-- Eviction class (``capacity_type``): ``spot`` when the node is spot capacity (our label or
-  the clouds' own) *or* the pod declares itself interruptible with the label or annotation
-  ``gpumeter.io/capacity-type: spot``; otherwise the node's type, the pod's declared type,
+- A pod's tenant is its namespace's tenant by ``gpumeter.core.kube.tenant_of_namespace``, the
+  node agent's rule, so the tenant of a quota event (computed from the agent's samples) finds
+  the same pods.
+- GPUs held are the pod's effective ``nvidia.com/gpu`` request as the kubelet computes it
+  (``gpumeter.core.kube.effective_requests``: native sidecars and overhead included).
+- Eviction class (``capacity_type``): ``spot`` when the node is spot capacity (its type as
+  ``gpumeter.core.kube.capacity_type_of_node`` reads it, the agent's rule) *or* the pod
+  declares itself interruptible with the label or annotation ``gpumeter.io/capacity-type:
+  spot``; otherwise the node's type, the pod's declared type,
   or on-demand. Billing uses the node alone (what was bought); eviction also honours what the
   workload volunteered.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
-from gpumeter.core import jsonio
-from gpumeter.core.models import CAPACITY_TYPES, CapacityType
+from gpumeter.core import jsonio, kube
+from gpumeter.core.models import CapacityType
 from quota.victims import Candidate
-from scheduler_hooks.policy import GPU_RESOURCE, TENANT_LABEL, is_protected
-
-CAPACITY_LABEL = "gpumeter.io/capacity-type"
-NOTICE_ANNOTATION = "gpumeter.io/eviction-notice"
-
-# Node labels that mark spot capacity, and the values meaning "spot" (the agent's list).
-SPOT_NODE_LABELS: Mapping[str, frozenset[str]] = {
-    CAPACITY_LABEL: frozenset({"spot"}),
-    "karpenter.sh/capacity-type": frozenset({"spot"}),
-    "eks.amazonaws.com/capacityType": frozenset({"SPOT"}),
-    "cloud.google.com/gke-spot": frozenset({"true"}),
-    "cloud.google.com/gke-preemptible": frozenset({"true"}),
-    "kubernetes.azure.com/scalesetpriority": frozenset({"spot"}),
-}
+from scheduler_hooks.policy import is_protected
 
 _ZERO = Decimal(0)
-_TENANT_BAD = re.compile(r"[^a-z0-9-]+")
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
-_SUFFIXES: Mapping[str, Decimal] = {
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-    "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9, "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15, "E": Decimal(10) ** 18, "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-def parse_quantity(value: Any) -> Decimal:
-    """A Kubernetes resource quantity (``2``, ``500m``, ``1Ki``) as an exact Decimal."""
-    if isinstance(value, bool):
-        raise ValueError(f"not a Kubernetes quantity: {value!r}")
-    if isinstance(value, int | Decimal):
-        return Decimal(value)
-    match = _QUANTITY.match(str(value).strip())
-    if match is None:
-        raise ValueError(f"not a Kubernetes quantity: {value!r}")
-    try:
-        return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
-    except InvalidOperation:
-        raise ValueError(f"not a Kubernetes quantity: {value!r}") from None
-
-
-def normalize_tenant(text: str) -> str:
-    """Any label value or namespace name onto the tenant pattern (the node agent's rule)."""
-    value = _TENANT_BAD.sub("-", text.strip().lower()).lstrip("-")
-    return value[:63].rstrip("-") or "unknown"
-
-
 def namespace_tenant(namespace: Mapping[str, Any]) -> str:
-    """Tenant of a namespace object: its ``gpumeter.io/tenant`` label, else its name."""
+    """Tenant of a namespace object (``gpumeter.core.kube.tenant_of_namespace``)."""
     metadata = namespace.get("metadata") or {}
-    label = (metadata.get("labels") or {}).get(TENANT_LABEL)
-    if isinstance(label, str) and label.strip():
-        return normalize_tenant(label)
-    return normalize_tenant(str(metadata.get("name", "")))
+    return kube.tenant_of_namespace(str(metadata.get("name", "")), metadata.get("labels"))
 
 
 def parse_time(text: Any) -> datetime | None:
@@ -215,15 +169,6 @@ class Toleration:
 # -- nodes ----------------------------------------------------------------------------------
 
 
-def capacity_of_labels(labels: Mapping[str, str]) -> CapacityType | None:
-    """The capacity type node labels state, or None when they say nothing."""
-    for label, spot_values in SPOT_NODE_LABELS.items():
-        if labels.get(label) in spot_values:
-            return "spot"
-    declared = labels.get(CAPACITY_LABEL)
-    return declared if declared in CAPACITY_TYPES else None
-
-
 @dataclass(frozen=True)
 class NodeView:
     name: str
@@ -234,7 +179,7 @@ class NodeView:
 
     @property
     def capacity_type(self) -> CapacityType:
-        return capacity_of_labels(self.labels) or "on-demand"
+        return kube.capacity_type_of_node(self.labels) or "on-demand"
 
 
 def node_view(node: Mapping[str, Any]) -> NodeView:
@@ -242,7 +187,7 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     spec = node.get("spec") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     try:
-        gpus = parse_quantity(allocatable.get(GPU_RESOURCE, 0))
+        gpus = kube.parse_quantity(allocatable.get(kube.GPU_RESOURCE, 0))
     except ValueError:
         gpus = _ZERO
     taints = tuple(
@@ -312,24 +257,6 @@ class PodView:
         )
 
 
-def _container_gpus(container: Mapping[str, Any]) -> Decimal:
-    resources = container.get("resources") or {}
-    values = dict(resources.get("limits") or {})
-    values.update(resources.get("requests") or {})
-    try:
-        return parse_quantity(values.get(GPU_RESOURCE, 0))
-    except ValueError:
-        return _ZERO
-
-
-def gpu_request(spec: Mapping[str, Any]) -> Decimal:
-    """Effective ``nvidia.com/gpu`` request: max(Σ app containers, largest init container)."""
-    app = sum((_container_gpus(c) for c in spec.get("containers") or () if isinstance(c, Mapping)), _ZERO)
-    init = max((_container_gpus(c) for c in spec.get("initContainers") or () if isinstance(c, Mapping)),
-               default=_ZERO)
-    return max(app, init)
-
-
 def _terms(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...] | None:
     node_affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {})
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
@@ -359,13 +286,8 @@ def _unschedulable(status: Mapping[str, Any]) -> bool:
 
 
 def eviction_class(pod_metadata: Mapping[str, Any], node_labels: Mapping[str, str] | None) -> CapacityType:
-    node_type = capacity_of_labels(node_labels or {})
-    declared: CapacityType | None = None
-    for source in (pod_metadata.get("labels") or {}, pod_metadata.get("annotations") or {}):
-        value = source.get(CAPACITY_LABEL)
-        if value in CAPACITY_TYPES:
-            declared = value
-            break
+    node_type = kube.capacity_type_of_node(node_labels)
+    declared = kube.declared_capacity_type(pod_metadata)
     if node_type == "spot" or declared == "spot":
         return "spot"
     return node_type or declared or "on-demand"
@@ -377,7 +299,7 @@ def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str]
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     annotations: Mapping[str, str] = metadata.get("annotations") or {}
-    notice_text = annotations.get(NOTICE_ANNOTATION, "")
+    notice_text = annotations.get(kube.EVICTION_NOTICE_ANNOTATION, "")
     priority = spec.get("priority")
     return PodView(
         namespace=str(metadata.get("namespace", "")),
@@ -386,7 +308,7 @@ def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str]
         tenant=tenant,
         node=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
-        gpus=gpu_request(spec),
+        gpus=kube.gpu_request(spec),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         started_at=parse_time(status.get("startTime")),
         created_at=parse_time(metadata.get("creationTimestamp")),

@@ -32,13 +32,12 @@ from datetime import datetime
 from decimal import Decimal
 from typing import cast
 
+from gpumeter.core import kube
+
 # capacity_message (the filter's FailedNodes reason) is worded where the fit tables store it.
 from scheduler_hooks.placement import NEUTRAL_SCORE, FitTable, PlacementIndex
 from scheduler_hooks.placement import capacity_message as capacity_message
 
-GPU_RESOURCE = "nvidia.com/gpu"
-TENANT_LABEL = "gpumeter.io/tenant"
-PROTECTED_ANNOTATION = "gpumeter.io/protected"
 QUEUE_PREFIX = "gpumeter-"
 
 # Volcano predicate codes (pkg/scheduler/api status codes) and vote values (plugins/util).
@@ -49,7 +48,7 @@ PERMIT, ABSTAIN, REJECT = 1, 0, -1
 
 
 def is_protected(annotations: Mapping[str, str]) -> bool:
-    return annotations.get(PROTECTED_ANNOTATION, "").strip().lower() == "true"
+    return annotations.get(kube.PROTECTED_ANNOTATION, "").strip().lower() == "true"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +97,8 @@ class ClusterView:
 
     def tenant_of(self, namespace: str) -> str:
         """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
-        return self.namespace_tenants.get(namespace, namespace)
+        tenant = self.namespace_tenants.get(namespace)
+        return tenant if tenant is not None else kube.tenant_of_namespace(namespace)
 
     def over_quota(self, tenant: str) -> bool:
         """Blocked on any metric, or holding more GPUs than its max_gpus."""

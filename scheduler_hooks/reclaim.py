@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from gpumeter.core.kube import SPOT_NODE_LABELS
 from gpumeter.core.money import exact
 from quota.victims import spot_reclaim
 from scheduler_hooks.actuation import RECLAIM_PREFIX
-from scheduler_hooks.kube_objects import SPOT_NODE_LABELS, NodeView, PodView
+from scheduler_hooks.kube_objects import NodeView, PodView
 
 _ZERO = Decimal(0)
 _FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)

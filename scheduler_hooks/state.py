@@ -18,8 +18,9 @@ What is kept (contract 4, 6 and 8):
   ``preempt`` only: ``notify`` means the quota is reported, never enforced. GPUs held = Σ the
   GPU requests of the tenant's pods bound to a node and not finished (what the scheduler
   itself counts), so a burst of pods is refused as soon as the binding is watched.
-- namespaces -> tenant: label ``gpumeter.io/tenant``, else the name, normalised as the agent does.
-- pods: GPUs, node, priority, capacity type (node label first, as the agent rules), the
+- namespaces -> tenant, pods' capacity type (the node's, else the pod's declared one) and GPU
+  requests by the rules of ``gpumeter.core.kube``, the agent's.
+- pods: GPUs, node, priority, capacity type, the
   protected annotation and start time; what preemption and victim order need.
 - placement: topology and allocation records in a ``PlacementIndex``. The allocation the index
   sees is the agent's last record, minus pods watched gone since, plus pods bound to the node
@@ -34,29 +35,21 @@ becoming ready the placement fit tables of the common GPU counts are built (``wa
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from gpumeter.core import kube
+from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantsFile
 from scheduler_hooks.placement import NodeGpus, PlacementIndex, best_set
-from scheduler_hooks.policy import (
-    GPU_RESOURCE,
-    TENANT_LABEL,
-    ClusterView,
-    KnownPod,
-    Policy,
-    is_protected,
-)
+from scheduler_hooks.policy import ClusterView, KnownPod, Policy, is_protected
 from scheduler_hooks.wire_kube import WireError, gpu_count, pod_gpus
 
-CAPACITY_LABEL = "gpumeter.io/capacity-type"
-CAPACITY_TYPES = ("on-demand", "spot", "reserved")
 BLOCKING = ("block", "preempt")
 METRIC_ORDER = ("gpu_hours", "spend", "max_gpus")  # the metric a refusal names, when several
 HELD_SCOPE = "held"
@@ -73,34 +66,6 @@ ALLOCATION = "allocation"
 PODS = "pods"
 NODES = "nodes"
 NAMESPACES = "namespaces"
-
-# The cloud's own spot labels, as collectors.agent.podmeta reads them (the node wins over the pod).
-_CLOUD_CAPACITY: tuple[tuple[str, Callable[[str], str | None]], ...] = (
-    ("karpenter.sh/capacity-type", lambda v: v if v in ("spot", "reserved") else "on-demand"),
-    ("eks.amazonaws.com/capacityType", lambda v: "spot" if v.upper() == "SPOT" else "on-demand"),
-    ("cloud.google.com/gke-spot", lambda v: "spot" if v == "true" else None),
-    ("cloud.google.com/gke-preemptible", lambda v: "spot" if v == "true" else None),
-    ("kubernetes.azure.com/scalesetpriority", lambda v: "spot" if v == "spot" else None),
-)
-_TENANT_BAD = re.compile(r"[^a-z0-9-]+")
-
-
-def normalize_tenant(text: str) -> str:
-    """The agent's rule (collectors.agent.podmeta): any label value onto ``[a-z0-9][a-z0-9-]{0,62}``."""
-    value = _TENANT_BAD.sub("-", text.strip().lower()).lstrip("-")
-    return value[:63].rstrip("-") or "unknown"
-
-
-def node_capacity_type(labels: Mapping[str, str]) -> str | None:
-    value = labels.get(CAPACITY_LABEL)
-    if value in CAPACITY_TYPES:
-        return value
-    for label, convert in _CLOUD_CAPACITY:
-        converted = convert(labels[label]) if label in labels else None
-        if converted is not None:
-            return converted
-    return None
-
 
 # -- API objects (JSON form) -> the few values kept --------------------------------------------
 
@@ -158,8 +123,7 @@ def watched_pod(obj: Mapping[str, Any]) -> WatchedPod | None:
         gpus = pod_gpus(spec)
     except WireError:
         gpus = 0  # the API server validates quantities; nothing real gets here
-    annotations, labels = _labels(meta.get("annotations")), _labels(meta.get("labels"))
-    hint = labels.get(CAPACITY_LABEL) or annotations.get(CAPACITY_LABEL)
+    annotations = _labels(meta.get("annotations"))
     priority = spec.get("priority")
     node = spec.get("nodeName")
     return WatchedPod(
@@ -170,7 +134,7 @@ def watched_pod(obj: Mapping[str, Any]) -> WatchedPod | None:
         gpus=gpus,
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         protected=is_protected(annotations),
-        capacity_hint=hint if hint in CAPACITY_TYPES else None,
+        capacity_hint=kube.declared_capacity_type(meta),
         started_at=_time(status.get("startTime")),
         terminal=status.get("phase") in TERMINAL_PHASES,
     )
@@ -188,17 +152,16 @@ def watched_node(obj: Mapping[str, Any]) -> WatchedNode | None:
             gpus = gpu_count(allocatable[GPU_RESOURCE], "allocatable")
         except WireError:
             gpus = None
-    return WatchedNode(name, node_capacity_type(_labels(meta.get("labels"))), gpus)
+    return WatchedNode(name, kube.capacity_type_of_node(_labels(meta.get("labels"))), gpus)
 
 
-def namespace_tenant(obj: Mapping[str, Any]) -> tuple[str, str | None] | None:
-    """(namespace, tenant from its label or None); None without a name."""
+def namespace_tenant(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, its tenant by ``gpumeter.core.kube.tenant_of_namespace``); None without a name."""
     meta = _mapping(obj.get("metadata"))
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         return None
-    label = _labels(meta.get("labels")).get(TENANT_LABEL)
-    return name, normalize_tenant(label) if label else None
+    return name, kube.tenant_of_namespace(name, _labels(meta.get("labels")))
 
 
 # -- the state ---------------------------------------------------------------------------------

@@ -38,9 +38,9 @@ from typing import Any
 from kubernetes.client import CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
+from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, GPU_RESOURCE, TENANT_LABEL, parse_quantity
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
-from scheduler_hooks.kube_objects import parse_quantity
-from scheduler_hooks.policy import GPU_RESOURCE, QUEUE_PREFIX, TENANT_LABEL
+from scheduler_hooks.policy import QUEUE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,6 @@ VERSION = "v1beta1"
 PLURAL = "queues"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGER = "gpumeter"
-BLOCKED_ANNOTATION = "gpumeter.io/blocked-on"
 OPEN, CLOSED = "Open", "Closed"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -99,7 +98,7 @@ def _same_quantity(a: str, b: str) -> bool:
 
 
 def blocked_on(queue: Mapping[str, Any]) -> frozenset[str]:
-    text = ((queue.get("metadata") or {}).get("annotations") or {}).get(BLOCKED_ANNOTATION, "")
+    text = ((queue.get("metadata") or {}).get("annotations") or {}).get(BLOCKED_ON_ANNOTATION, "")
     return frozenset(part for part in str(text).split(",") if part)
 
 
@@ -242,7 +241,7 @@ class VolcanoQueues:
 
     def _annotate(self, name: str, metrics: frozenset[str]) -> None:
         value = ",".join(sorted(metrics)) if metrics else None
-        self._patch(name, {"metadata": {"annotations": {BLOCKED_ANNOTATION: value}}})
+        self._patch(name, {"metadata": {"annotations": {BLOCKED_ON_ANNOTATION: value}}})
 
     def _set_state(self, name: str, state: str) -> None:
         if not self._dry_run:

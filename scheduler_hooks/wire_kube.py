@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from gpumeter.core import kube
+from gpumeter.core.kube import GPU_RESOURCE
 from scheduler_hooks.json_pieces import REQUESTED_PIECES, json_string_list
-from scheduler_hooks.policy import GPU_RESOURCE, FilterResult, PodRequest, Policy
+from scheduler_hooks.policy import FilterResult, PodRequest, Policy
 
 
 class WireError(ValueError):
@@ -132,49 +134,54 @@ _SUFFIX = {
 }
 
 
-def gpu_count(value: Any, where: str) -> int:
-    """A ``nvidia.com/gpu`` quantity ("2", 2, "2000m") as whole GPUs (a fraction rounds up)."""
+def gpu_amount(value: Any, where: str) -> Decimal:
+    """A ``nvidia.com/gpu`` quantity ("2", 2, "2000m") as sent, checked: exact, never negative."""
     if isinstance(value, str):
         match = _QUANTITY.match(value.strip())
         if match is None:
             raise WireError(f"{where} is not a resource quantity: {value!r}")
         try:
-            amount = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+            return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
         except InvalidOperation:
             raise WireError(f"{where} is not a resource quantity: {value!r}") from None
-    else:
-        amount = as_number(value, where)
-        if amount < 0:
-            raise WireError(f"{where} must not be negative")
-    return math.ceil(amount)
+    amount = as_number(value, where)
+    if amount < 0:
+        raise WireError(f"{where} must not be negative")
+    return amount
 
 
-def _container_gpus(container: Any, where: str) -> int:
+def gpu_count(value: Any, where: str) -> int:
+    """A ``nvidia.com/gpu`` quantity as whole GPUs (a fraction rounds up)."""
+    return math.ceil(gpu_amount(value, where))
+
+
+def _gpu_resources(container: Any, where: str) -> dict[str, Any]:
+    """A container's GPU limits and requests, checked, in the API's own shape."""
     spec = as_object(container, where)
     resources = as_object(get(spec, "resources"), f"{where}.resources", optional=True)
-    for kind in ("limits", "requests"):  # limits win; an extended resource's request defaults to it
+    checked: dict[str, dict[str, Decimal]] = {}
+    for kind in ("limits", "requests"):
         amounts = as_object(get(resources, kind), f"{where}.resources.{kind}", optional=True)
         if GPU_RESOURCE in amounts:
-            return gpu_count(amounts[GPU_RESOURCE], f"{where}.resources.{kind}[{GPU_RESOURCE!r}]")
-    return 0
+            checked[kind] = {GPU_RESOURCE: gpu_amount(amounts[GPU_RESOURCE],
+                                                      f"{where}.resources.{kind}[{GPU_RESOURCE!r}]")}
+    return {"resources": checked, "restartPolicy": get(spec, "restartPolicy")}
 
 
 def pod_gpus(spec: Mapping[str, Any], where: str = "Pod.spec") -> int:
-    """Effective GPU request as Kubernetes computes pod requests (sidecar-aware)."""
+    """Effective GPU request, whole GPUs (a fraction rounds up): shapes and quantities are checked
+    here (a ``WireError`` names the field), the rule is ``gpumeter.core.kube.effective_requests``."""
     containers = as_list(get(spec, "containers"), f"{where}.containers", optional=True)
-    total = sum(_container_gpus(c, f"{where}.containers[{i}]") for i, c in enumerate(containers))
-    sidecars = 0
-    init_peak = 0
     inits = as_list(get(spec, "initContainers"), f"{where}.initContainers", optional=True)
-    for i, container in enumerate(inits):
-        amount = _container_gpus(container, f"{where}.initContainers[{i}]")
-        if get(container, "restartPolicy") == "Always":  # a sidecar runs beside everything after it
-            total += amount
-            sidecars += amount
-            init_peak = max(init_peak, sidecars)
-        else:
-            init_peak = max(init_peak, amount + sidecars)
-    return max(total, init_peak)
+    overhead = as_object(get(spec, "overhead"), f"{where}.overhead", optional=True)
+    checked: dict[str, Any] = {
+        "containers": [_gpu_resources(c, f"{where}.containers[{i}]") for i, c in enumerate(containers)],
+        "initContainers": [_gpu_resources(c, f"{where}.initContainers[{i}]") for i, c in enumerate(inits)],
+    }
+    if GPU_RESOURCE in overhead:
+        checked["overhead"] = {GPU_RESOURCE: gpu_amount(overhead[GPU_RESOURCE],
+                                                        f"{where}.overhead[{GPU_RESOURCE!r}]")}
+    return math.ceil(kube.gpu_request(checked))
 
 
 def pod_request(value: Any, where: str = "Pod") -> PodRequest:

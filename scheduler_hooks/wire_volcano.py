@@ -25,7 +25,8 @@ import math
 from decimal import Decimal
 from typing import Any
 
-from scheduler_hooks.policy import GPU_RESOURCE, PERMIT, PodRequest, Policy, Victim
+from gpumeter.core.kube import GPU_RESOURCE
+from scheduler_hooks.policy import PERMIT, PodRequest, Policy, Victim
 from scheduler_hooks.wire_kube import (
     WireError,
     as_int,

@@ -1,6 +1,6 @@
 """Pod metadata from the API server: tenant, priority, capacity type, start time, requests, volumes.
 
-Rules (documented in DESIGN notes of the agent):
+Rules (``gpumeter.core.kube``, shared with the scheduler extender and the actuator):
 
 * tenant: the namespace label ``gpumeter.io/tenant``, else the namespace name,
   normalized to ``[a-z0-9][a-z0-9-]{0,62}``.
@@ -9,8 +9,9 @@ Rules (documented in DESIGN notes of the agent):
   annotation ``gpumeter.io/capacity-type``; else ``on-demand``. The node wins
   because the node is what was bought: a pod cannot make its usage cheaper by
   labelling itself spot.
-* requests: the pod's effective request as the scheduler computes it
-  (max(sum of app containers + sidecars, largest init container) + overhead).
+* requests: the pod's effective request as the kubelet computes it
+  (max(sum of app containers + sidecars, each init container + the sidecars
+  before it) + overhead).
 
 Everything is computed from the API objects as JSON dicts, so the same pure
 functions serve the watcher and the tests.
@@ -19,7 +20,6 @@ functions serve the watcher and the tests.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -28,78 +28,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from gpumeter.core.models import CAPACITY_TYPES, CapacityType
+from gpumeter.core import kube
+from gpumeter.core.models import CapacityType
 
 log = logging.getLogger(__name__)
 
-TENANT_LABEL = "gpumeter.io/tenant"
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-CAPACITY_LABEL = "gpumeter.io/capacity-type"
-_TENANT_BAD = re.compile(r"[^a-z0-9-]+")
-_CLOUD_SPOT_LABELS: tuple[tuple[str, Callable[[str], CapacityType | None]], ...] = (
-    (
-        "karpenter.sh/capacity-type",
-        lambda v: "spot" if v == "spot" else ("reserved" if v == "reserved" else "on-demand"),
-    ),
-    ("eks.amazonaws.com/capacityType", lambda v: "spot" if v.upper() == "SPOT" else "on-demand"),
-    ("cloud.google.com/gke-spot", lambda v: "spot" if v == "true" else None),
-    ("cloud.google.com/gke-preemptible", lambda v: "spot" if v == "true" else None),
-    ("kubernetes.azure.com/scalesetpriority", lambda v: "spot" if v == "spot" else None),
-)
-_SUFFIXES = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
-
-
-def parse_quantity(text: Any) -> Decimal:
-    """A Kubernetes resource quantity (``100m``, ``1.5Gi``, ``2e3``) as an exact Decimal."""
-    if isinstance(text, int | Decimal):
-        return Decimal(text)
-    match = _QUANTITY.match(str(text).strip())
-    if not match:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}")
-    return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
-
-
-def normalize_tenant(text: str) -> str:
-    """Map any label value or namespace name onto the tenant pattern ``[a-z0-9][a-z0-9-]{0,62}``."""
-    value = _TENANT_BAD.sub("-", text.strip().lower()).lstrip("-")
-    value = value[:63].rstrip("-") or "unknown"
-    return value
-
-
-def capacity_type_of(pod: Mapping[str, Any], node_labels: Mapping[str, str] | None) -> CapacityType:
-    node_labels = node_labels or {}
-    value = node_labels.get(CAPACITY_LABEL)
-    if value in CAPACITY_TYPES:
-        return value
-    for label, convert in _CLOUD_SPOT_LABELS:
-        if label in node_labels:
-            converted = convert(node_labels[label])
-            if converted is not None:
-                return converted
-    metadata = pod.get("metadata") or {}
-    for source in (metadata.get("labels") or {}, metadata.get("annotations") or {}):
-        value = source.get(CAPACITY_LABEL)
-        if value in CAPACITY_TYPES:
-            return value
-    return "on-demand"
+_BILLED_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 
 
 @dataclass(frozen=True)
@@ -108,54 +43,14 @@ class Requests:
     memory_bytes: Decimal = Decimal(0)
     ephemeral_bytes: Decimal = Decimal(0)
 
-    def __add__(self, other: Requests) -> Requests:
-        return Requests(
-            self.cpu_cores + other.cpu_cores,
-            self.memory_bytes + other.memory_bytes,
-            self.ephemeral_bytes + other.ephemeral_bytes,
-        )
-
-    def max(self, other: Requests) -> Requests:
-        return Requests(
-            max(self.cpu_cores, other.cpu_cores),
-            max(self.memory_bytes, other.memory_bytes),
-            max(self.ephemeral_bytes, other.ephemeral_bytes),
-        )
-
-
-def _container_requests(container: Mapping[str, Any]) -> Requests:
-    resources = container.get("resources") or {}
-    # A limit without a request defaults the request to the limit (API server defaulting).
-    values = dict(resources.get("limits") or {})
-    values.update(resources.get("requests") or {})
-    return _requests_of(values)
-
-
-def _requests_of(values: Mapping[str, Any]) -> Requests:
-    def get(name: str) -> Decimal:
-        try:
-            return parse_quantity(values[name]) if name in values else Decimal(0)
-        except ValueError:
-            return Decimal(0)
-
-    return Requests(get("cpu"), get("memory"), get("ephemeral-storage"))
-
 
 def effective_requests(spec: Mapping[str, Any]) -> Requests:
     """The pod's request as the scheduler sees it (init containers, sidecars and overhead included)."""
-    apps = Requests()
-    for container in spec.get("containers") or []:
-        apps = apps + _container_requests(container)
-    sidecars = Requests()
-    init_peak = Requests()
-    for container in spec.get("initContainers") or []:
-        requests = _container_requests(container)
-        if container.get("restartPolicy") == "Always":  # native sidecar: runs beside the app containers
-            sidecars = sidecars + requests
-        else:
-            init_peak = init_peak.max(sidecars + requests)
-    total = (apps + sidecars).max(init_peak)
-    return total + _requests_of(spec.get("overhead") or {})
+    amounts = kube.effective_requests(spec, _BILLED_RESOURCES)
+    zero = Decimal(0)
+    return Requests(
+        amounts.get("cpu", zero), amounts.get("memory", zero), amounts.get("ephemeral-storage", zero)
+    )
 
 
 @dataclass(frozen=True)
@@ -217,7 +112,6 @@ def pod_info(
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
     namespace = str(metadata.get("namespace") or "default")
-    tenant_source = (namespace_labels or {}).get(TENANT_LABEL) or namespace
     claims = tuple(
         str(volume["persistentVolumeClaim"]["claimName"])
         for volume in spec.get("volumes") or []
@@ -231,9 +125,9 @@ def pod_info(
         name=str(metadata.get("name") or ""),
         node=str(spec.get("nodeName") or ""),
         phase=phase,
-        tenant=normalize_tenant(tenant_source),
+        tenant=kube.tenant_of_namespace(namespace, namespace_labels),
         priority=int(priority) if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-        capacity_type=capacity_type_of(pod, node_labels),
+        capacity_type=kube.capacity_type_of(metadata, node_labels),
         start_time=_parse_time(status.get("startTime")),
         requests=effective_requests(spec),
         pvc_claims=claims,
@@ -261,7 +155,7 @@ def claim_info(pvc: Mapping[str, Any]) -> ClaimInfo | None:
     if size is None or not metadata.get("uid"):
         return None
     try:
-        capacity = parse_quantity(size)
+        capacity = kube.parse_quantity(size)
     except ValueError:
         return None
     return ClaimInfo(

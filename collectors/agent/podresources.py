@@ -22,11 +22,11 @@ import grpc
 
 from collectors.agent.mig import parse_profile
 from collectors.agent.proto.generate import load as load_stubs
+from gpumeter.core.kube import GPU_RESOURCE
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-GPU_RESOURCE = "nvidia.com/gpu"
 DRA_GPU_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver: whole GPUs and MIG devices
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 SHARED_SUFFIX = ".shared"  # device plugin's renameByDefault for time-sliced GPUs

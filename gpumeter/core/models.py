@@ -462,6 +462,8 @@ class GpuDevice(BaseModel):
     pci_bus_id: str | None = None
     # A GPU in MIG mode is handed out as MIG devices, never whole: not free for nvidia.com/gpu.
     mig_enabled: bool = False
+    # Time-slicing replicas the device plugin advertises for it (contract 8 amendment); 1: not shared.
+    replicas: int = Field(default=1, ge=1)
 
 
 class NodeTopology(BaseModel):

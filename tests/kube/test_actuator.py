@@ -33,14 +33,14 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS, QUOTA_EVENTS
 from gpumeter.infra import clickhouse, kafka
 from scheduler_hooks.actuator import Actuator, TenantsSource
 from scheduler_hooks.kube_gateway import KubeGateway
-from scheduler_hooks.kube_objects import NOTICE_ANNOTATION, parse_notice
-from scheduler_hooks.volcano_queues import BLOCKED_ANNOTATION
+from scheduler_hooks.kube_objects import parse_notice
 from tests.kube.fixtures import (
     CAPACITY_TYPE_LABEL,
     VOLCANO_GROUP,
@@ -223,7 +223,7 @@ class PodWatch:
                 pod = event["object"]
                 metadata = pod.metadata
                 version = metadata.resource_version or version
-                notice = (metadata.annotations or {}).get(NOTICE_ANNOTATION)
+                notice = (metadata.annotations or {}).get(EVICTION_NOTICE_ANNOTATION)
                 if notice:
                     with self._lock:
                         seen = self.notices.setdefault((namespace, metadata.name), [])
@@ -462,7 +462,7 @@ def test_gpu_hours_preemption_of_one_tenant_with_pdb_queue_and_replays(
 
         closed = cluster.queue(queue_a) or {}
         assert closed["status"]["state"] == "Closed"
-        assert closed["metadata"]["annotations"][BLOCKED_ANNOTATION] == "gpu_hours"
+        assert closed["metadata"]["annotations"][BLOCKED_ON_ANNOTATION] == "gpu_hours"
         assert (cluster.queue(queue_b) or {})["status"]["state"] == "Open"
 
         # Replay after a restart: a fresh actuator (nothing in memory) reads the same event
@@ -489,7 +489,7 @@ def test_gpu_hours_preemption_of_one_tenant_with_pdb_queue_and_replays(
             lambda: (cluster.queue(queue_a) or {}).get("status", {}).get("state") == "Open", "queue reopened"
         )
         eventually(lambda: handled_everything(settings), "recovered committed")
-        assert BLOCKED_ANNOTATION not in (cluster.queue(queue_a) or {})["metadata"].get("annotations", {})
+        assert BLOCKED_ON_ANNOTATION not in (cluster.queue(queue_a) or {})["metadata"].get("annotations", {})
     finally:
         watch.close()
 
@@ -583,7 +583,7 @@ def test_dry_run_records_every_decision_and_changes_nothing(
         for name in ("d-1", "d-2"):
             assert watch.noticed(ns, name) == []
             assert cluster.alive(ns, name)
-            assert NOTICE_ANNOTATION not in cluster.annotations(ns, name)
+            assert EVICTION_NOTICE_ANNOTATION not in cluster.annotations(ns, name)
     finally:
         watch.close()
     assert cluster.queue(f"gpumeter-{team}") is None  # not even created in a dry run
@@ -797,7 +797,7 @@ def test_notices_called_off_by_hand_or_by_recovery_are_not_evicted(
     start_actuator(tenants)
 
     def noticed(namespace: str, name: str) -> bool:
-        return NOTICE_ANNOTATION in cluster.annotations(namespace, name)
+        return EVICTION_NOTICE_ANNOTATION in cluster.annotations(namespace, name)
 
     publish(
         settings,

@@ -28,6 +28,7 @@ import yaml
 from kubernetes import client as k8s
 
 from gpumeter.core import topics
+from gpumeter.core.kube import TENANT_LABEL
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
@@ -42,7 +43,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "hooks" / "kube-scheduler-config.yaml"
 WAIT_S = 90.0
 POOL_LABEL = "gpumeter.io/test-pool"
-TENANT_LABEL = "gpumeter.io/tenant"
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 TENANTS = TenantsFile(tenants=[TenantPolicy(tenant="team-blocked", gpu_hours=Decimal(10), on_exceed="block")])
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy
 from scheduler_hooks.actuation import (
@@ -33,16 +34,13 @@ from scheduler_hooks.actuation import (
 )
 from scheduler_hooks.actuator import OffsetTracker, TenantsSource
 from scheduler_hooks.kube_objects import (
-    NOTICE_ANNOTATION,
     NodeView,
     Notice,
     PodView,
     Taint,
-    gpu_request,
     namespace_tenant,
     node_view,
     parse_notice,
-    parse_quantity,
     pod_view,
 )
 from scheduler_hooks.reclaim import excludes_spot, node_allows, plan_spot_reclaim
@@ -134,7 +132,7 @@ def pod(
 def noticed(
     cause: str, deadline: datetime = NOW + timedelta(seconds=10), metric: str = "gpu_hours"
 ) -> dict[str, str]:
-    return {NOTICE_ANNOTATION: Notice(cause, "over quota", deadline, metric).to_annotation()}
+    return {EVICTION_NOTICE_ANNOTATION: Notice(cause, "over quota", deadline, metric).to_annotation()}
 
 
 def event(
@@ -170,73 +168,6 @@ def names(pods: Any) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("spec", "expected"),
-    [
-        pytest.param(
-            {
-                "containers": [
-                    {"resources": {"requests": {"nvidia.com/gpu": "2"}}},
-                    {"resources": {"requests": {"nvidia.com/gpu": "1"}}},
-                ]
-            },
-            "3",
-            id="app-containers-add",
-        ),
-        pytest.param(
-            {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
-            "4",
-            id="limit-without-request-counts",
-        ),
-        pytest.param(
-            {
-                "containers": [{"resources": {"requests": {"nvidia.com/gpu": "1"}}}],
-                "initContainers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}],
-            },
-            "2",
-            id="larger-init-container-wins",
-        ),
-        pytest.param(
-            {
-                "containers": [{"resources": {"requests": {"nvidia.com/gpu": "3"}}}],
-                "initContainers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}],
-            },
-            "3",
-            id="app-sum-wins-over-smaller-init",
-        ),
-        pytest.param({"containers": [{"resources": {"requests": {"cpu": "2"}}}]}, "0", id="no-gpu"),
-        pytest.param(
-            {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "banana"}}}]},
-            "0",
-            id="unreadable-quantity-is-zero",
-        ),
-    ],
-)
-def test_gpu_request(spec: dict[str, Any], expected: str) -> None:
-    assert gpu_request(spec) == Decimal(expected)
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("2", "2"),
-        ("500m", "0.5"),
-        ("1Ki", "1024"),
-        ("1k", "1000"),
-        ("1e3", "1000"),
-        (3, "3"),
-    ],
-)
-def test_parse_quantity(text: Any, expected: str) -> None:
-    assert parse_quantity(text) == Decimal(expected)
-
-
-@pytest.mark.parametrize("bad", ["", "1.2.3", "five", "1Q", True])
-def test_parse_quantity_refuses(bad: Any) -> None:
-    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
-        parse_quantity(bad)
-
-
-@pytest.mark.parametrize(
     ("namespace", "expected"),
     [
         pytest.param({"metadata": {"name": "team-b"}}, "team-b", id="name"),
@@ -250,8 +181,8 @@ def test_parse_quantity_refuses(bad: Any) -> None:
         ),
         pytest.param(
             {"metadata": {"name": "ns-1", "labels": {"gpumeter.io/tenant": "  "}}},
-            "ns-1",
-            id="blank-label-falls-back-to-name",
+            "unknown",
+            id="blank-label-folds-as-the-agent-bills-it",
         ),
     ],
 )
@@ -322,7 +253,7 @@ def test_pod_view_reads_the_fields_decisions_use() -> None:
     assert view.started_at == datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
     assert view.protected and view.deleting and view.holds_gpus and not view.evictable
     assert view.notice is not None and view.notice.cause == "cause-1"
-    assert view.notice_text == raw["metadata"]["annotations"][NOTICE_ANNOTATION]
+    assert view.notice_text == raw["metadata"]["annotations"][EVICTION_NOTICE_ANNOTATION]
 
 
 @pytest.mark.parametrize(
@@ -645,7 +576,7 @@ def test_backoff_refuses_negative_attempts() -> None:
 def test_bodies() -> None:
     notice = Notice(EVENT_ID, "why", NOW, "spend")
     assert notice_patch("uid-1", notice) == {
-        "metadata": {"uid": "uid-1", "annotations": {NOTICE_ANNOTATION: notice.to_annotation()}}
+        "metadata": {"uid": "uid-1", "annotations": {EVICTION_NOTICE_ANNOTATION: notice.to_annotation()}}
     }
     assert withdraw_patch("TEXT") == [
         {"op": "test", "path": "/metadata/annotations/gpumeter.io~1eviction-notice", "value": "TEXT"},

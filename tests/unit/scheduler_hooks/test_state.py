@@ -18,7 +18,6 @@ from scheduler_hooks.state import (
     WatchedNode,
     WatchedPod,
     namespace_tenant,
-    normalize_tenant,
     watched_node,
     watched_pod,
 )
@@ -220,8 +219,7 @@ def test_watched_node_and_namespace_tenant() -> None:
         "ns",
         "team-a",
     )
-    assert namespace_tenant({"metadata": {"name": "ns"}}) == ("ns", None)
-    assert normalize_tenant("--Data Science!!") == "data-science"
+    assert namespace_tenant({"metadata": {"name": "ns"}}) == ("ns", "ns")
 
 
 def test_a_pod_bound_since_the_record_takes_the_best_set_left() -> None:

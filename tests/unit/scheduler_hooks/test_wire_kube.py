@@ -228,7 +228,9 @@ def test_preempt_nothing_left_is_an_empty_map() -> None:
         (pod_json(gpus="2000m"), 2),
         (pod_json(gpus="0.5"), 1),  # not valid Kubernetes, but never fewer GPUs than asked
         (pod_json(containers=[container("a", requests=1)]), 1),
-        (pod_json(containers=[container("a", limits=2, requests=1)]), 2),  # limits win
+        # The kubelet reads the request; a limit only stands in for a missing one (the API server
+        # refuses an extended resource whose request and limit differ, so this pod never exists).
+        (pod_json(containers=[container("a", limits=2, requests=1)]), 1),
         (pod_json(containers=[container("a", limits=1), container("b", limits=2)]), 3),
         (pod_json(containers=[container("a", limits=2)], init_containers=[container("i", limits=4)]), 4),
         (pod_json(containers=[container("a", limits=3)], init_containers=[container("i", limits=1)]), 3),
@@ -249,9 +251,9 @@ def test_preempt_nothing_left_is_an_empty_map() -> None:
         ({"metadata": {"name": "n"}, "spec": {"containers": [{"resources": {"limits": {GPU: 2}}}]}}, 2),
     ],
     ids=[
-        "no-gpu", "limits-and-requests", "milli-suffix", "fraction-rounds-up", "requests-only", "limits-win",
-        "containers-sum", "init-container-larger", "containers-larger", "sidecar-beside-init",
-        "sidecar-after-init", "number-quantity",
+        "no-gpu", "limits-and-requests", "milli-suffix", "fraction-rounds-up", "requests-only",
+        "request-wins-over-limit", "containers-sum", "init-container-larger", "containers-larger",
+        "sidecar-beside-init", "sidecar-after-init", "number-quantity",
     ],
 )
 def test_pod_gpus(pod: dict[str, Any], gpus: int) -> None:

@@ -1,0 +1,223 @@
+"""Kubernetes names and rules every component shares: the agent bills by them, the extender and
+the actuator enforce by them, so one definition keeps them from drifting apart.
+
+Inputs are API objects in their JSON form (camelCase keys, what the API server sends and the
+kubernetes client's ``sanitize_for_serialization`` gives); no kubernetes import.
+
+* Tenant of a namespace (contract 6): its label ``gpumeter.io/tenant``, else its name,
+  normalised onto ``[a-z0-9][a-z0-9-]{0,62}``.
+* Capacity type of a node: the label ``gpumeter.io/capacity-type``; else the cloud's own spot
+  labels (Karpenter, EKS, GKE, AKS); else nothing said. The explicit label wins: it is how an
+  operator corrects what a cloud label says (capacity reserved for spot-priced instances). A pod
+  may declare its type with the same label or annotation, which counts only where the node says
+  nothing: the node is what was bought.
+* Effective request of a pod, the kubelet's rule (KEP-753, native sidecars): the larger of
+  Σ app containers + Σ sidecars and, for each regular init container, its request + Σ the
+  sidecars started before it; plus the pod overhead. A sidecar is an init container with
+  ``restartPolicy: Always``. A container's limit stands in for its missing request (API
+  defaulting).
+* Schedulable units of a GPU (contract 8): ``replicas`` when the device plugin time-slices it,
+  none in MIG mode (handed out as MIG devices, never as ``nvidia.com/gpu``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from gpumeter.core.models import CAPACITY_TYPES, CapacityType, GpuDevice
+
+GPU_RESOURCE = "nvidia.com/gpu"
+TENANT_LABEL = "gpumeter.io/tenant"
+CAPACITY_TYPE_LABEL = "gpumeter.io/capacity-type"  # on a node (what was bought) or a pod (declared)
+PROTECTED_ANNOTATION = "gpumeter.io/protected"
+EVICTION_NOTICE_ANNOTATION = "gpumeter.io/eviction-notice"
+BLOCKED_ON_ANNOTATION = "gpumeter.io/blocked-on"  # on a tenant's Volcano queue
+SIDECAR_RESTART_POLICY = "Always"
+
+KARPENTER_CAPACITY_LABEL = "karpenter.sh/capacity-type"
+EKS_CAPACITY_LABEL = "eks.amazonaws.com/capacityType"
+GKE_SPOT_LABEL = "cloud.google.com/gke-spot"
+GKE_PREEMPTIBLE_LABEL = "cloud.google.com/gke-preemptible"
+AKS_PRIORITY_LABEL = "kubernetes.azure.com/scalesetpriority"
+
+# Node label values that mean spot capacity, ours and the clouds' (what a node selector or
+# affinity has to rule out to keep a pod off spot nodes).
+SPOT_NODE_LABELS: Mapping[str, frozenset[str]] = {
+    CAPACITY_TYPE_LABEL: frozenset({"spot"}),
+    KARPENTER_CAPACITY_LABEL: frozenset({"spot"}),
+    EKS_CAPACITY_LABEL: frozenset({"SPOT"}),
+    GKE_SPOT_LABEL: frozenset({"true"}),
+    GKE_PREEMPTIBLE_LABEL: frozenset({"true"}),
+    AKS_PRIORITY_LABEL: frozenset({"spot"}),
+}
+
+# The cloud labels in precedence order, each with what its value says (None: nothing).
+_CLOUD_CAPACITY: tuple[tuple[str, Callable[[str], CapacityType | None]], ...] = (
+    (
+        KARPENTER_CAPACITY_LABEL,
+        lambda v: "spot" if v == "spot" else ("reserved" if v == "reserved" else "on-demand"),
+    ),
+    (EKS_CAPACITY_LABEL, lambda v: "spot" if v.upper() == "SPOT" else "on-demand"),
+    (GKE_SPOT_LABEL, lambda v: "spot" if v == "true" else None),
+    (GKE_PREEMPTIBLE_LABEL, lambda v: "spot" if v == "true" else None),
+    (AKS_PRIORITY_LABEL, lambda v: "spot" if v == "spot" else None),
+)
+
+_TENANT_BAD = re.compile(r"[^a-z0-9-]+")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
+_SUFFIXES: Mapping[str, Decimal] = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """A Kubernetes resource quantity (``2``, ``500m``, ``1.5Gi``, ``2e3``) as an exact Decimal."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    if isinstance(value, int | Decimal):
+        return Decimal(value)
+    match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}")
+    try:
+        return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
+    except InvalidOperation:
+        raise ValueError(f"not a Kubernetes quantity: {value!r}") from None
+
+
+# -- tenant -------------------------------------------------------------------------------------
+
+
+def normalize_tenant(text: str) -> str:
+    """Any label value or namespace name onto the tenant pattern ``[a-z0-9][a-z0-9-]{0,62}``."""
+    value = _TENANT_BAD.sub("-", text.strip().lower()).lstrip("-")
+    return value[:63].rstrip("-") or "unknown"
+
+
+def tenant_of_namespace(name: str, labels: Mapping[str, Any] | None = None) -> str:
+    """The tenant of namespace ``name`` with these labels: ``gpumeter.io/tenant``, else the name."""
+    label = (labels or {}).get(TENANT_LABEL)
+    return normalize_tenant(label if isinstance(label, str) and label else name)
+
+
+# -- capacity type ------------------------------------------------------------------------------
+
+
+def capacity_type_of_node(labels: Mapping[str, str] | None) -> CapacityType | None:
+    """What a node's labels say it is (module docstring); None when they say nothing."""
+    labels = labels or {}
+    value = labels.get(CAPACITY_TYPE_LABEL)
+    if value in CAPACITY_TYPES:
+        return value  # type: ignore[return-value]
+    for label, convert in _CLOUD_CAPACITY:
+        found = labels.get(label)
+        if isinstance(found, str):
+            converted = convert(found)
+            if converted is not None:
+                return converted
+    return None
+
+
+def declared_capacity_type(pod_metadata: Mapping[str, Any]) -> CapacityType | None:
+    """The type a pod declares with the label, else the annotation ``gpumeter.io/capacity-type``."""
+    for source in (pod_metadata.get("labels") or {}, pod_metadata.get("annotations") or {}):
+        value = source.get(CAPACITY_TYPE_LABEL) if isinstance(source, Mapping) else None
+        if value in CAPACITY_TYPES:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+def capacity_type_of(pod_metadata: Mapping[str, Any], node_labels: Mapping[str, str] | None) -> CapacityType:
+    """A pod's capacity type: its node's, else its own declared one, else on-demand."""
+    return capacity_type_of_node(node_labels) or declared_capacity_type(pod_metadata) or "on-demand"
+
+
+# -- effective request --------------------------------------------------------------------------
+
+Amounts = dict[str, Decimal]
+
+
+def container_requests(container: Mapping[str, Any], resources: Collection[str] | None = None) -> Amounts:
+    """A container's requests (a limit stands in for a missing request); unreadable quantities
+    are left out (the API server refuses them, nothing real has one)."""
+    spec = container.get("resources") if isinstance(container, Mapping) else None
+    spec = spec if isinstance(spec, Mapping) else {}
+    values: dict[str, Any] = {}
+    for kind in ("limits", "requests"):  # requests last: they win
+        found = spec.get(kind)
+        if isinstance(found, Mapping):
+            values.update(found)
+    out: Amounts = {}
+    for name, value in values.items():
+        if resources is not None and name not in resources:
+            continue
+        try:
+            out[name] = parse_quantity(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _plus(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> Amounts:
+    out = dict(a)
+    for name, amount in b.items():
+        out[name] = out.get(name, Decimal(0)) + amount
+    return out
+
+
+def _peak(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> Amounts:
+    out = dict(a)
+    for name, amount in b.items():
+        out[name] = max(out.get(name, Decimal(0)), amount)
+    return out
+
+
+def effective_requests(spec: Mapping[str, Any], resources: Collection[str] | None = None) -> Amounts:
+    """The pod's effective request per resource (module docstring): what the scheduler reserves
+    and the kubelet admits. ``resources`` limits the answer to those names (all when None)."""
+    running: Amounts = {}
+    for container in spec.get("containers") or ():
+        running = _plus(running, container_requests(container, resources))
+    sidecars: Amounts = {}
+    init_peak: Amounts = {}
+    for container in spec.get("initContainers") or ():
+        requests = container_requests(container, resources)
+        if isinstance(container, Mapping) and container.get("restartPolicy") == SIDECAR_RESTART_POLICY:
+            sidecars = _plus(sidecars, requests)  # keeps running beside everything started after it
+        else:
+            init_peak = _peak(init_peak, _plus(sidecars, requests))
+    total = _peak(_plus(running, sidecars), init_peak)
+    overhead = container_requests({"resources": {"requests": spec.get("overhead")}}, resources)
+    return _plus(total, overhead)
+
+
+def gpu_request(spec: Mapping[str, Any]) -> Decimal:
+    """The pod's effective ``nvidia.com/gpu`` request."""
+    return effective_requests(spec, (GPU_RESOURCE,)).get(GPU_RESOURCE, Decimal(0))
+
+
+# -- GPU sharing ------------------------------------------------------------------------------
+
+
+def schedulable_units(gpu: GpuDevice) -> int:
+    """How many ``nvidia.com/gpu`` the device plugin advertises for this GPU: its time-slicing
+    replicas (1 when not shared), none in MIG mode."""
+    return 0 if gpu.mig_enabled else gpu.replicas
