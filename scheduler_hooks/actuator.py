@@ -72,6 +72,7 @@ from kubernetes.client import ApiClient
 from pydantic import ValidationError
 
 from gpumeter.core.config_files import ConfigError
+from gpumeter.core.kube import PROTECTED_ANNOTATION, tenant_of_namespace
 from gpumeter.core.models import PreemptionAction, QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy, TenantsFile, load_tenants
@@ -547,7 +548,7 @@ class Actuator:
             log.info("quota event %s: %s is protected, not evicted", event.event_id[:12], pod.key)
             self._event(pod, "EvictionSkippedProtected",
                         f"gpumeter: tenant {event.tenant} over {event.metric} quota; this pod is annotated "
-                        "gpumeter.io/protected and is not evicted")
+                        f"{PROTECTED_ANNOTATION} and is not evicted")
         self._handled.add(event.event_id)
 
     async def _carry_out(self, victims: Sequence[Victim], metric: str,
@@ -786,7 +787,8 @@ class Actuator:
               node_labels: dict[str, dict[str, str]] | None = None) -> PodView:
         namespace = str((raw.get("metadata") or {}).get("namespace", ""))
         node = str((raw.get("spec") or {}).get("nodeName") or "")
-        return pod_view(raw, tenants.get(namespace, namespace), (node_labels or {}).get(node))
+        tenant = tenants.get(namespace) or tenant_of_namespace(namespace)  # a namespace listed since
+        return pod_view(raw, tenant, (node_labels or {}).get(node))
 
     def _reclaim_victims(self, plan: Reclaim) -> list[Victim]:
         now = _now()

@@ -18,6 +18,10 @@ Score (0..10, kube-scheduler's MaxExtenderPriority):
   PXB 3, PHB 2, NODE 1, SYS 0.
 - A node without link information (no topology record, or a record with no pair classes)
   gets the neutral band 4..6 from its free count alone; with no free count either, 5.
+- A time-sliced GPU (contract 8: ``replicas`` > 1) is that many schedulable units, as the
+  kubelet counts the device plugin's replicas; each assignment listing its index holds one.
+  A node with such GPUs is scored from its free unit count alone: replicas of one GPU share
+  the device, so link classes say nothing about them.
 
 ``PlacementIndex`` keeps one entry per node with its free count and its scores per k,
 computed lazily and shared between nodes with the same layout and allocation. For each GPU
@@ -31,9 +35,11 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from gpumeter.core.kube import schedulable_units
 from gpumeter.core.models import NodeAllocation, NodeTopology
 from scheduler_hooks.json_pieces import KnownHosts, failed_piece, host_piece
 
@@ -186,6 +192,40 @@ def parse_links(links: Mapping[str, str], indices: Sequence[int] = ()) -> dict[t
         except ValueError:
             parsed[pair] = SYS
     return parsed
+
+
+def time_sliced_units(topology: NodeTopology) -> dict[int, int] | None:
+    """Schedulable units per GPU index when the node time-slices its GPUs, else None."""
+    units = {gpu.index: schedulable_units(gpu) for gpu in topology.gpus}
+    if all(count <= 1 for count in units.values()):
+        return None
+    return {index: count for index, count in units.items() if count > 0}
+
+
+def holders(allocation: NodeAllocation | None) -> Counter[int]:
+    """How many assignments hold each GPU index (a time-sliced GPU: one replica apiece)."""
+    if allocation is None:
+        return Counter()
+    return Counter(i for assignment in allocation.assignments for i in assignment.gpu_indices)
+
+
+def free_units(units: Mapping[int, int], held: Mapping[int, int]) -> int:
+    return sum(count - min(count, held.get(index, 0)) for index, count in units.items())
+
+
+def replica_pick(units: Mapping[int, int], held: Mapping[int, int], k: int) -> list[int]:
+    """GPU indices (one per replica, repeated for several of one GPU) for a k-replica pod: the
+    least held GPUs first; fewer than k when fewer replicas are free."""
+    taken = dict(held)
+    picked: list[int] = []
+    for _ in range(k):
+        free = [(taken.get(i, 0) - count, i) for i, count in units.items() if taken.get(i, 0) < count]
+        if not free:
+            break
+        index = min(free)[1]
+        taken[index] = taken.get(index, 0) + 1
+        picked.append(index)
+    return picked
 
 
 def allocated_indices(allocation: NodeAllocation | None) -> frozenset[int]:
@@ -452,7 +492,8 @@ class PlacementIndex:
         self._fits: dict[int, FitTable] = {}  # k -> every node's answer, kept current
         self._keys: dict[str, str] = {}  # node -> the name object every fit table is keyed by
         self._topologies: dict[str, tuple[tuple[int, ...], dict[tuple[int, int], LinkClass]]] = {}
-        self._allocated: dict[str, frozenset[int]] = {}
+        self._replicas: dict[str, dict[int, int]] = {}  # time-sliced nodes: units per GPU index
+        self._allocated: dict[str, Counter[int]] = {}  # GPU index -> assignments holding it
         self._capacity: dict[str, int] = {}
         self._tables: weakref.WeakValueDictionary[tuple[object, ...], _ScoreTable] = (
             weakref.WeakValueDictionary()
@@ -463,13 +504,18 @@ class PlacementIndex:
         # MIG-mode GPUs are handed out as MIG devices: never part of a whole-GPU set.
         indices = tuple(sorted({gpu.index for gpu in topology.gpus if not gpu.mig_enabled}))
         layout = (indices, parse_links(topology.links, indices))
-        if self._topologies.get(topology.node) == layout:
+        replicas = time_sliced_units(topology)
+        if self._topologies.get(topology.node) == layout and self._replicas.get(topology.node) == replicas:
             return
         self._topologies[topology.node] = layout
+        if replicas is None:
+            self._replicas.pop(topology.node, None)
+        else:
+            self._replicas[topology.node] = replicas
         self._rebuild(topology.node)
 
     def update_allocation(self, allocation: NodeAllocation) -> None:
-        allocated = allocated_indices(allocation)
+        allocated = holders(allocation)
         if self._allocated.get(allocation.node) == allocated:
             return
         self._allocated[allocation.node] = allocated
@@ -490,6 +536,7 @@ class PlacementIndex:
         self._refresh_fits(node)
         self._free.pop(node, None)
         self._topologies.pop(node, None)
+        self._replicas.pop(node, None)
         self._allocated.pop(node, None)
         self._capacity.pop(node, None)
 
@@ -582,8 +629,15 @@ class PlacementIndex:
         self._refresh_fits(node)
 
     def _rebuild_entry(self, node: str) -> None:
-        allocated = self._allocated.get(node, frozenset())
+        held = self._allocated.get(node, Counter())
+        allocated = frozenset(held)
         layout = self._topologies.get(node)
+        replicas = self._replicas.get(node)
+        if layout is not None and replicas is not None:
+            free = free_units(replicas, held)
+            self._entries[node] = NodeEntry(node, None, free, self._table(("count", free)))
+            self._free[node] = free
+            return
         if layout is not None:
             indices, links = layout
             gpus = NodeGpus(node, indices, links, allocated & frozenset(indices))
@@ -592,7 +646,7 @@ class PlacementIndex:
             self._free[node] = len(gpus.free)
             return
         capacity = self._capacity.get(node)
-        free = None if capacity is None else max(0, capacity - len(allocated))
+        free = None if capacity is None else max(0, capacity - held.total())
         if capacity is None and node not in self._allocated:
             self._entries.pop(node, None)
             self._free.pop(node, None)

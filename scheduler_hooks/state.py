@@ -35,7 +35,7 @@ becoming ready the placement fit tables of the common GPU counts are built (``wa
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,7 +46,7 @@ from gpumeter.core import kube
 from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantsFile
-from scheduler_hooks.placement import NodeGpus, PlacementIndex, best_set
+from scheduler_hooks.placement import NodeGpus, PlacementIndex, best_set, replica_pick, time_sliced_units
 from scheduler_hooks.policy import ClusterView, KnownPod, Policy, is_protected
 from scheduler_hooks.wire_kube import WireError, gpu_count, pod_gpus
 
@@ -441,7 +441,7 @@ class HooksState:
         unlisted = [pod for pod in unlisted if pod.holds_gpus]
         if record is None and not unlisted:
             return None
-        taken = {i for a in assignments for i in a.gpu_indices}
+        taken = Counter(i for a in assignments for i in a.gpu_indices)
         for pod in unlisted:
             indices = self._device_plugin_pick(node, taken, pod.gpus)
             taken.update(indices)
@@ -454,10 +454,14 @@ class HooksState:
             at=record.at if record else datetime.now(UTC),
         )
 
-    def _device_plugin_pick(self, node: str, taken: set[int], k: int) -> list[int]:
-        """The k GPUs a pod not yet in the record most likely got: the best-connected free set."""
+    def _device_plugin_pick(self, node: str, taken: Counter[int], k: int) -> list[int]:
+        """The k GPUs a pod not yet in the record most likely got: the best-connected free set
+        (on a time-sliced node, k replicas of the least held GPUs)."""
         topology = self._topologies.get(node)
         if topology is not None:
+            replicas = time_sliced_units(topology)
+            if replicas is not None:
+                return replica_pick(replicas, taken, k)
             gpus = NodeGpus.from_records(topology).with_allocated(taken)
             found = best_set(gpus, k)
             if found is not None:

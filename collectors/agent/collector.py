@@ -63,6 +63,7 @@ from collectors.agent.publisher import Publisher
 from collectors.agent.samples import SampleBuilder, window_bounds
 from collectors.agent.spool import DEFAULT_MAX_BYTES, Spool
 from collectors.agent.windows import DEFAULT_MAX_BACKFILL, STATE_FILE, WindowTracker, host_boot_time
+from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import NodeAllocation, NodeTopology, UsageSample
 from gpumeter.core.settings import Settings
 
@@ -283,7 +284,32 @@ class NodeCollector:
         return [record]
 
     def topology(self, at: datetime | None = None) -> NodeTopology:
-        return self.nvml.topology(self.cluster, self.node, at)
+        """NVML's layout, each whole GPU with the replicas the device plugin time-slices it into."""
+        topology = self.nvml.topology(self.cluster, self.node, at)
+        replicas = self.gpu_replicas()
+        gpus = [
+            gpu.model_copy(update={"replicas": replicas[gpu.uuid]})
+            if replicas.get(gpu.uuid, 1) != gpu.replicas
+            else gpu
+            for gpu in topology.gpus
+        ]
+        return topology.model_copy(update={"gpus": gpus})
+
+    def gpu_replicas(self) -> dict[str, int]:
+        """Replicas per whole GPU (by UUID): the kubelet's allocatable list when it has one, else
+        the node's hint for ``nvidia.com/gpu`` (GPU feature discovery's label, or its capacity
+        over the GPUs behind it); 1 when neither says the GPU is shared."""
+        whole = [gpu.uuid for gpu in self.nvml.inventory if not gpu.mig_enabled]
+        listed = getattr(self.allocations, "device_replicas", None)
+        per_device = listed() if callable(listed) else None
+        if per_device is not None:
+            return {uuid: max(1, per_device.get(uuid, 1)) for uuid in whole}
+        try:
+            hinted = self.replica_hints().get(GPU_RESOURCE, 1)
+        except Exception as exc:  # a hint is an aid; the layout is published without it
+            log.warning("replica hints from the node failed: %s", exc)
+            hinted = 1
+        return dict.fromkeys(whole, max(1, hinted))
 
     def topologies(self) -> list[NodeTopology]:
         """The topology when it changed since the last call (first call: always)."""

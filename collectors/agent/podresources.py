@@ -176,6 +176,11 @@ class PodResourcesClient:
         self.allocatable_supported = True
         self._warned = {key for key in self._warned if key == "unimplemented"}
 
+    def device_replicas(self) -> dict[str, int] | None:
+        """Replicas per time-sliced device (GPU or MIG UUID) from the kubelet's allocatable list;
+        a device not listed is not shared. None while the kubelet has not told (or cannot)."""
+        return dict(self._replicas) if self.allocatable_supported else None
+
     def gpu_allocations(self) -> list[DeviceAllocation]:
         """Every GPU / MIG device held by a container on this node."""
         response = self.list_raw()

@@ -93,6 +93,7 @@ from collectors.sim.samples import (
     held_fraction,
     six,
 )
+from gpumeter.core.kube import schedulable_units
 from gpumeter.core.models import (
     CAPACITY_TYPES,
     CapacityType,
@@ -301,7 +302,7 @@ class SimulatedFleet:
                 shared = i < shared_nodes
                 mig_gpus = 0 if shared or not spec.mig_layout else config.mig_gpus_per_node.get(model, 0)
                 name = f"{spec.short}-node-{i:02d}"
-                topology = self._topology(name, spec, gpus, mig_gpus, 0)
+                topology = self._topology(name, spec, gpus, mig_gpus, 0, shared)
                 node = _Node(
                     name=name,
                     spec=spec,
@@ -316,7 +317,9 @@ class SimulatedFleet:
                 nodes.append(node)
         return nodes
 
-    def _topology(self, name: str, spec: GpuSpec, gpus: int, mig_gpus: int, generation: int) -> NodeTopology:
+    def _topology(
+        self, name: str, spec: GpuSpec, gpus: int, mig_gpus: int, generation: int, shared: bool
+    ) -> NodeTopology:
         return node_topology(
             cluster=self.config.cluster,
             node=name,
@@ -326,12 +329,13 @@ class SimulatedFleet:
             at=self._clock,
             mig_gpus=mig_gpus,
             generation=generation,
+            replicas=self.config.time_slice_replicas if shared else 1,
         )
 
     def _reset_free(self, node: _Node) -> None:
         if node.shared:
             node.free_whole, node.free_mig = [], []
-            node.free_replicas = {g: list(range(self.config.time_slice_replicas)) for g in range(node.gpus)}
+            node.free_replicas = {g.index: list(range(schedulable_units(g))) for g in node.topology.gpus}
             return
         node.free_whole = list(range(node.mig_gpus, node.gpus))
         node.free_mig = [(g, s) for g in range(node.mig_gpus) for s in range(len(node.spec.mig_layout))]
@@ -591,7 +595,7 @@ class SimulatedFleet:
                 node.back_at = None
                 node.generation += 1
                 node.topology = self._topology(
-                    node.name, node.spec, node.gpus, node.mig_gpus, node.generation
+                    node.name, node.spec, node.gpus, node.mig_gpus, node.generation, node.shared
                 )
                 node.links = LinkTable.from_topology(node.topology)
                 self._reset_free(node)

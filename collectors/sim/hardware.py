@@ -183,10 +183,12 @@ def node_topology(
     at: datetime,
     mig_gpus: int = 0,
     generation: int = 0,
+    replicas: int = 1,
 ) -> NodeTopology:
     """The GPU layout of one simulated node (module docstring).
 
-    NVLink boards list every other GPU as an NVLink peer; PCIe boards list none.
+    NVLink boards list every other GPU as an NVLink peer; PCIe boards list none. ``replicas``
+    is the time-slicing replica count of every GPU of a time-sliced node (1: not shared).
     """
     indices = range(gpus_per_node)
     gpus = [
@@ -199,6 +201,7 @@ def node_topology(
             memory_bytes=spec.memory_bytes,
             pci_bus_id=f"00000000:{0x18 + 0x10 * i:02X}:00.0",
             mig_enabled=i < mig_gpus,  # the fleet partitions the first mig_gpus GPUs of a node
+            replicas=replicas,
         )
         for i in indices
     ]

@@ -45,6 +45,24 @@ def pcie_with_bridge(node: str = "bridge-0") -> NodeTopology:
     return topology(node, "A100-PCIE-80GB", 4, lambda a, b: classes.get((a, b), "SYS"))
 
 
+def time_sliced_l4(node: str = "l4-ts-0", replicas: int = 4, count: int = 1) -> NodeTopology:
+    """L4s the device plugin time-slices ``replicas`` ways each (PCIe, PHB between them)."""
+    gpus = [
+        GpuDevice(index=i, uuid=f"GPU-{node}-{i}", model="NVIDIA L4", replicas=replicas) for i in range(count)
+    ]
+    links = {f"{a}-{b}": "PHB" for a in range(count) for b in range(a + 1, count)}
+    return NodeTopology(cluster="test", node=node, gpus=gpus, links=links, at=AT)
+
+
+def shared_allocation(node: str, *holders: tuple[str, list[int]]) -> NodeAllocation:
+    """One assignment per pod (name, GPU indices): pods sharing a time-sliced GPU list its index each."""
+    assignments = [
+        GpuAssignment(namespace="other", pod=name, pod_uid=f"uid-{name}", gpu_indices=indices)
+        for name, indices in holders
+    ]
+    return NodeAllocation(cluster="test", node=node, assignments=assignments, at=AT)
+
+
 def allocation(node: str, *indices: int, pod: str = "holder") -> NodeAllocation:
     assignments = [GpuAssignment(namespace="other", pod=pod, pod_uid=f"uid-{pod}", gpu_indices=list(indices))]
     return NodeAllocation(cluster="test", node=node, assignments=assignments if indices else [], at=AT)

@@ -24,6 +24,7 @@ from scheduler_hooks.placement import (
     NodeGpus,
     PlacementIndex,
     best_set,
+    capacity_message,
     nvlink,
     parse_pair,
     score,
@@ -35,6 +36,8 @@ from tests.unit.scheduler_hooks.builders import (
     h100,
     l40s,
     pcie_with_bridge,
+    shared_allocation,
+    time_sliced_l4,
     topology,
 )
 
@@ -361,3 +364,46 @@ def test_mig_mode_gpus_are_never_free_for_a_whole_gpu_pod() -> None:
     assert best_set(node, 5) is None
     chosen = best_set(node, 4)
     assert chosen is not None and sorted(chosen[0]) == [4, 5, 6, 7]
+
+
+# -- time-sliced GPUs (contract 8: replicas) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("k", "fits"),
+    [
+        pytest.param(1, True, id="one-replica"),
+        pytest.param(3, True, id="three-of-four-replicas"),
+        pytest.param(4, True, id="all-four-replicas"),
+        pytest.param(5, False, id="more-than-the-replicas"),
+    ],
+)
+def test_a_gpu_time_sliced_four_ways_is_four_schedulable_units(k: int, fits: bool) -> None:
+    index = PlacementIndex()
+    index.update_topology(time_sliced_l4("l4-ts", replicas=4))
+    assert index.free("l4-ts") == 4
+    table = index.fit(k)
+    if fits:
+        assert "l4-ts" not in table.short
+        assert table.scores["l4-ts"] > 0
+    else:
+        assert table.short["l4-ts"] == capacity_message(4, k)
+
+
+def test_each_pod_on_a_time_sliced_gpu_takes_one_of_its_replicas() -> None:
+    index = PlacementIndex()
+    index.update_topology(time_sliced_l4("l4-ts", replicas=4, count=2))
+    index.update_allocation(shared_allocation("l4-ts", ("a", [0]), ("b", [0]), ("c", [1])))
+    assert index.free("l4-ts") == 8 - 3
+    assert "l4-ts" not in index.fit(5).short
+    assert index.fit(6).short["l4-ts"] == capacity_message(5, 6)
+
+
+def test_an_old_topology_without_replicas_is_whole_gpus() -> None:
+    index = PlacementIndex()
+    record = time_sliced_l4("l4-0", replicas=4).model_dump(mode="json")
+    for gpu in record["gpus"]:
+        del gpu["replicas"]
+    index.update_topology(NodeTopology.model_validate(record))
+    assert index.free("l4-0") == 1
+    assert index.fit(2).short["l4-0"] == capacity_message(1, 2)

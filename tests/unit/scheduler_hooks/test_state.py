@@ -21,7 +21,7 @@ from scheduler_hooks.state import (
     watched_node,
     watched_pod,
 )
-from tests.unit.scheduler_hooks.builders import allocation, h100, l40s
+from tests.unit.scheduler_hooks.builders import allocation, h100, l40s, time_sliced_l4
 
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 
@@ -290,3 +290,17 @@ def test_cached_scores_and_free_counts_follow_every_update() -> None:
     assert index.scores(["h100-0"], 2) == [None] and index.free_counts["h100-0"] == 1
     index.remove("h100-0")
     assert index.scores(["h100-0"], 2) == [5] and "h100-0" not in index.free_counts
+
+
+def test_pods_bound_to_a_time_sliced_node_take_replicas_until_none_is_left() -> None:
+    # One L4 time-sliced 4 ways, nothing in the agent's record yet: a 3-GPU pod bound since
+    # takes three replicas of GPU 0 (the only GPU), leaving one.
+    state = HooksState()
+    state.apply_topology(time_sliced_l4("l4-ts", replicas=4))
+    state.upsert_pod(pod("three", node="l4-ts", gpus=3))
+    assert state.placement.free("l4-ts") == 1
+    effective = state.effective_allocation("l4-ts")
+    assert effective is not None
+    assert {a.pod_uid: a.gpu_indices for a in effective.assignments} == {"three": [0, 0, 0]}
+    state.delete_pod("three")
+    assert state.placement.free("l4-ts") == 4

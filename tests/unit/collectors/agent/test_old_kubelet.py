@@ -89,3 +89,35 @@ def test_replica_hints_from_the_node() -> None:
     assert replicas_from_node(labels, {"nvidia.com/mig-1g.10gb": "14"}, lambda r: devices(r, 0)) == {
         "nvidia.com/mig-1g.10gb": 3
     }
+
+
+@pytest.mark.parametrize(
+    ("capacity", "labels", "replicas"),
+    [
+        pytest.param({GPU: "2"}, {}, [1, 1], id="not-shared"),
+        pytest.param({GPU: "8"}, {}, [4, 4], id="capacity-over-the-gpus"),
+        pytest.param({GPU: "2"}, {"nvidia.com/gpu.replicas": "3"}, [3, 3], id="discovery-label"),
+    ],
+)
+def test_the_topology_carries_the_replicas_the_node_tells(
+    capacity: dict[str, str], labels: dict[str, str], replicas: list[int]
+) -> None:
+    with node(
+        NvmlStandIn(nvswitch_node(2)), [], [], node_labels=labels, node_capacity=capacity,
+        lister_options=OLD_KUBELET,
+    ) as rig:
+        rig.window()
+        topology = rig.collector.topology()
+    assert [gpu.replicas for gpu in topology.gpus] == replicas
+
+
+def test_a_current_kubelets_allocatable_list_gives_the_replicas_per_gpu() -> None:
+    # GPU 0 is time-sliced four ways, GPU 1 is not shared; the node's capacity hint (5 replicas
+    # of each) loses to what the kubelet lists.
+    allocatable = {GPU: [f"{gpu_uuid(0)}::{n}" for n in range(4)] + [gpu_uuid(1)]}
+    with node(
+        NvmlStandIn(nvswitch_node(2)), [], [], allocatable=allocatable, node_capacity={GPU: "10"}
+    ) as rig:
+        rig.window()
+        topology = rig.collector.topology()
+    assert [(gpu.uuid, gpu.replicas) for gpu in topology.gpus] == [(gpu_uuid(0), 4), (gpu_uuid(1), 1)]

@@ -457,3 +457,11 @@ def test_stream_is_identical_across_processes() -> None:
         )
         digests.add(result.stdout.strip())
     assert len(digests) == 1
+
+
+def test_a_time_sliced_nodes_topology_carries_its_replicas() -> None:
+    fleet = SimulatedFleet(FleetConfig(time_sliced_nodes={"L4-24GB": 1}, time_slice_replicas=3))
+    by_node = {t.node: {gpu.replicas for gpu in t.gpus} for t in fleet.topology()}
+    assert fleet.time_sliced_nodes() == ["l4-node-00"]
+    assert by_node.pop("l4-node-00") == {3}
+    assert all(replicas == {1} for replicas in by_node.values())
