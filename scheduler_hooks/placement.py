@@ -634,9 +634,9 @@ class PlacementIndex:
         layout = self._topologies.get(node)
         replicas = self._replicas.get(node)
         if layout is not None and replicas is not None:
-            free = free_units(replicas, held)
-            self._entries[node] = NodeEntry(node, None, free, self._table(("count", free)))
-            self._free[node] = free
+            units = free_units(replicas, held)
+            self._entries[node] = NodeEntry(node, None, units, self._table(("count", units)))
+            self._free[node] = units
             return
         if layout is not None:
             indices, links = layout

@@ -126,7 +126,7 @@ def capacity_type_of_node(labels: Mapping[str, str] | None) -> CapacityType | No
     labels = labels or {}
     value = labels.get(CAPACITY_TYPE_LABEL)
     if value in CAPACITY_TYPES:
-        return value  # type: ignore[return-value]
+        return value
     for label, convert in _CLOUD_CAPACITY:
         found = labels.get(label)
         if isinstance(found, str):
@@ -141,7 +141,7 @@ def declared_capacity_type(pod_metadata: Mapping[str, Any]) -> CapacityType | No
     for source in (pod_metadata.get("labels") or {}, pod_metadata.get("annotations") or {}):
         value = source.get(CAPACITY_TYPE_LABEL) if isinstance(source, Mapping) else None
         if value in CAPACITY_TYPES:
-            return value  # type: ignore[no-any-return]
+            return value
     return None
 
 
