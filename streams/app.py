@@ -45,7 +45,7 @@ from gpumeter.core.models import QuotaEvent, dead_letter
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import TopicSpec
 from gpumeter.infra import kafka as kafka_admin
-from gpumeter.infra.insert import values_of
+from gpumeter.infra.rows import Row, values_of
 from gpumeter.infra.schema import QUOTA_EVENTS, RATED_USAGE
 from streams import metrics
 from streams.faust_consumer import seek_safe_transport
@@ -67,7 +67,6 @@ from streams.ratecards import RateCardWatcher
 from streams.sink import (
     BadRecord,
     ClickHouseSink,
-    Row,
     StoreResult,
     connector,
     dead_row,

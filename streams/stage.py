@@ -25,11 +25,11 @@ from gpumeter.core.models import (
 )
 from gpumeter.core.ratecard import RateCardSet
 from gpumeter.core.records import split
+from gpumeter.infra.rows import Row, rated_row
 from gpumeter.infra.schema import RATED_USAGE
 from pricing.rating import Rater
 from streams import native_rating
 from streams.native_rating import NativeRating
-from streams.sink import Row, rated_row
 
 
 @dataclass
