@@ -1,7 +1,8 @@
 """The rating stage as a plain object: raw sample bytes in, a rated record or a dead letter out.
 
-Kept free of faust so it is unit-testable and benchmarkable on its own; the faust agent in
-streams/app.py only moves bytes between topics around it.
+Kept free of faust, Kafka and ClickHouse clients (an import-linter contract in pyproject.toml)
+so it is unit-testable and benchmarkable on its own; the faust agent in
+streams/rating_agent.py only moves bytes between topics around it.
 """
 
 from __future__ import annotations

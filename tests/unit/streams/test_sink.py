@@ -30,7 +30,7 @@ from clickhouse_connect.driver.external import ExternalData
 from gpumeter.infra.rows import Row
 from gpumeter.infra.schema import DEAD_LETTERS, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from gpumeter.infra.tables import Table
-from streams.app import BatchWriter
+from streams.batch_writer import BatchWriter
 from streams.sink import IDS_TABLE, ClickHouseSink, StoreResult, insert_token, is_permanent
 
 PRIORITY = RATED_USAGE.insert_columns.index("priority")
