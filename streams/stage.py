@@ -121,7 +121,7 @@ class RatingStage:
         return rows, dead
 
     def process_record(self, record: bytes, partition: int, offset: int) -> list[Outcome]:
-        """Every sample of a (possibly multi-line) Kafka record; see gpumeter/records.py."""
+        """Every sample of a (possibly multi-line) Kafka record; see gpumeter/core/records.py."""
         return [self.process(line, partition, offset, index) for index, line in enumerate(split(record))]
 
     def process(self, raw: bytes, partition: int, offset: int, index: int = 0) -> Outcome:
