@@ -156,8 +156,8 @@ def test_remembered_texts_give_the_answers_read_afresh(read: Reader, monkeypatch
     and by ``_moment`` and ``_number`` behind them): with the Python caches cold, warm, and
     overflowing (a limit of 2 clears them constantly) the fast path answers alike."""
     monkeypatch.setattr(quota_decode, "_CACHE_LIMIT", 2)
-    for name, empty in (("_numbers", {}), ("_moments", {})):
-        monkeypatch.setattr(quota_decode, name, empty)
+    for name in ("_numbers", "_moments"):
+        monkeypatch.setattr(quota_decode, name, {})
     for _round in ("cold", "warm"):
         answered = 0
         for record in RECORDS[:6] + [varied(name, value) for name, value in VARIATIONS]:
