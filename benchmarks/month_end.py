@@ -49,7 +49,8 @@ from gpumeter.core.records import RecordBatcher
 from gpumeter.core.settings import Settings, load_settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra import schema as tables
-from streams.sink import ClickHouseSink, connector, rated_row
+from gpumeter.infra.rows import rated_row
+from streams.sink import ClickHouseSink, connector
 from streams.stage import RatingStage, encode_rated
 
 console = Console()

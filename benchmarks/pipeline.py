@@ -42,8 +42,8 @@ from gpumeter.core.records import RecordBatcher, split
 from gpumeter.core.settings import Settings, load_settings
 from gpumeter.core.topics import TopicSpec
 from gpumeter.infra import clickhouse, kafka
+from gpumeter.infra.rows import rated_row
 from gpumeter.infra.schema import RATED_USAGE
-from streams.sink import rated_row
 from streams.stage import RatingStage
 
 console = Console()

@@ -29,7 +29,8 @@ from rich.table import Table
 from gpumeter.app.runtime import services
 from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards
-from streams.sink import ClickHouseSink, connector, rated_row
+from gpumeter.infra.rows import rated_row
+from streams.sink import ClickHouseSink, connector
 from streams.stage import RatingStage, encode_rated
 
 console = Console()

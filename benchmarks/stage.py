@@ -7,7 +7,7 @@ tenant, up to 500 lines: gpumeter/core/records.py), then times on one core, in C
 of this process (steadier than wall time on a shared machine), best of ``--repeat``:
 - raw: split each record into lines and decode each line (stdlib json, and orjson);
 - stage: what the worker's rating agent does per record, RatingStage.rate_record (rows with
-  their rated lines, and the rated record joined from them: streams/app.py), with the native
+  their rated lines, and the rated record joined from them: streams/rating_agent.py), with the native
   path (native/, streams/native_rating.py) as the worker runs it;
 - python: the same with the Python path alone (``RatingStage(..., native=False)``).
 Prints samples/s and the ratios to raw; ratios travel better than absolute numbers.

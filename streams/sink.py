@@ -30,16 +30,16 @@ else is stored, and the refused rows come back in ``StoreResult.rejected`` for t
 to dead-letter (reason ``unstorable``). One poisoned row costs O(log batch) inserts, not
 a wedged partition.
 
-The worker's rated rows carry their rated JSON (``rated_row(rated, line)``): when every row
-of a batch does, the rated_usage insert sends those lines (JSONEachRow) and the server parses
-them, instead of clickhouse-connect encoding the values in the worker (gpumeter/infra/insert.py).
+The worker's rated rows carry their rated JSON (``rated_row(rated, line)``, gpumeter/infra/rows.py):
+when every row of a batch does, the rated_usage insert sends those lines (JSONEachRow) and the
+server parses them, instead of clickhouse-connect encoding the values in the worker
+(gpumeter/infra/insert.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import operator
 import re
 import struct
 import threading
@@ -53,9 +53,9 @@ from clickhouse_connect.driver.exceptions import DatabaseError, DataError, Opera
 from clickhouse_connect.driver.external import ExternalData
 
 from gpumeter.core import jsonio
-from gpumeter.core.models import RatedUsage
 from gpumeter.infra import clickhouse
-from gpumeter.infra.insert import have_lines, insert_lines, insert_rows, with_line
+from gpumeter.infra.insert import insert_lines, insert_rows
+from gpumeter.infra.rows import Row, have_lines
 from gpumeter.infra.schema import DEAD_LETTERS, EVENT_ID_HASHES, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from gpumeter.infra.tables import Table
 
@@ -77,8 +77,6 @@ def ids_table(ids: Sequence[str]) -> ExternalData:
     return ExternalData(file_name=IDS_TABLE, data=text.encode(), fmt="TabSeparated",
                         structure=["event_id String"])
 
-
-Row = tuple[Any, ...]
 
 # Server error codes that mean "this data does not fit", not "try again later".
 PERMANENT_SERVER_CODES = frozenset({
@@ -189,17 +187,6 @@ def conflict_reason(event_id: str, first: Sequence[Any], later: Sequence[Any]) -
 
 class BadRecord(ValueError):
     """A record on an internal topic that does not have the shape we wrote."""
-
-
-_rated_values = operator.itemgetter(*RATED_USAGE.insert_columns)  # of a RatedUsage's field dict
-
-
-def rated_row(rated: RatedUsage, line: bytes | None = None) -> Row:
-    """A rated sample as a rated_usage row, in the table's insert order; with ``line`` (its
-    rated JSON, ``encode_rated``) carried past the values, which the store then sends instead
-    of encoding the values (gpumeter/infra/insert.py)."""
-    values: Row = _rated_values(rated.__dict__)  # a third of getattr's cost on a pydantic model
-    return values if line is None else with_line(values, line)
 
 
 def dead_row(payload: bytes) -> Row:

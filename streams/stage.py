@@ -1,7 +1,8 @@
 """The rating stage as a plain object: raw sample bytes in, a rated record or a dead letter out.
 
-Kept free of faust so it is unit-testable and benchmarkable on its own; the faust agent in
-streams/app.py only moves bytes between topics around it.
+Kept free of faust, Kafka and ClickHouse clients (an import-linter contract in pyproject.toml)
+so it is unit-testable and benchmarkable on its own; the faust agent in
+streams/rating_agent.py only moves bytes between topics around it.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from gpumeter.core.models import (
 )
 from gpumeter.core.ratecard import RateCardSet
 from gpumeter.core.records import split
+from gpumeter.infra.rows import Row, rated_row
 from gpumeter.infra.schema import RATED_USAGE
 from pricing.rating import Rater
 from streams import native_rating
 from streams.native_rating import NativeRating
-from streams.sink import Row, rated_row
 
 
 @dataclass
@@ -120,7 +121,7 @@ class RatingStage:
         return rows, dead
 
     def process_record(self, record: bytes, partition: int, offset: int) -> list[Outcome]:
-        """Every sample of a (possibly multi-line) Kafka record; see gpumeter/records.py."""
+        """Every sample of a (possibly multi-line) Kafka record; see gpumeter/core/records.py."""
         return [self.process(line, partition, offset, index) for index, line in enumerate(split(record))]
 
     def process(self, raw: bytes, partition: int, offset: int, index: int = 0) -> Outcome:

@@ -1,5 +1,5 @@
 """Hourly usage histories (insights.forecast.History) from the simulated fleet, for the forecast
-backtests in tests and benchmarks/insights.py.
+backtests in tests and benchmarks/insights_benchmark.py.
 
 The fleet runs with hour-long windows (fast: four months in a few seconds) and its daily and
 weekly rhythm and growth (collectors/sim/rhythm.py). Spend is the streaming list cost of every

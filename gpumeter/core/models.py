@@ -387,7 +387,7 @@ class DeadLetter(BaseModel):
     source_topic: str
     source_partition: int
     source_offset: int
-    source_index: int = 0  # line within a multi-sample record (gpumeter/records.py)
+    source_index: int = 0  # line within a multi-sample record (gpumeter/core/records.py)
     event_id: str | None = None
     tenant: str | None = None
     rejected_at: UtcTimestamp

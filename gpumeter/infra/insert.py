@@ -151,37 +151,13 @@ def insert_rows(client: Client, table: Table, rows: Sequence[Sequence[Any]],
     layout = wire(table)
     columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
     if len(columns) == len(layout.names) + 1:
-        columns.pop()  # the rows' lines (see with_line)
+        columns.pop()  # the rows' lines (gpumeter/infra/rows.py)
     if len(columns) != len(layout.names):
         raise ValueError(f"{table.name}: rows of {len(columns)} values for {len(layout.names)} columns")
     for column in layout.decimals:
         columns[column.index] = decimal_texts(columns[column.index], column.precision, column.scale)
     client.insert(table.name, columns, column_names=list(layout.names), column_type_names=list(layout.types),
                   column_oriented=True, settings=settings)
-
-
-# A row may carry, one value past its table's columns, its *line*: the same record as one JSON
-# object keyed by column names (the bytes the worker already wrote for the rated topic).
-# Sending the lines (JSONEachRow) instead of encoding the values column by column moves the
-# encoding out of the worker's Python (clickhouse-connect's Native encoding, ~5-7 µs a rated
-# row) into the server's C++ parser; the values still serve everything that reads them
-# (duplicate checks, fingerprints, dead letters). A trailing value, not a tuple subclass with
-# an attribute: that cost ~2 µs a row to build, this ~0.1.
-
-
-def with_line(values: tuple[Any, ...], line: bytes) -> tuple[Any, ...]:
-    return (*values, line)
-
-
-def values_of(table: Table, row: Sequence[Any]) -> Sequence[Any]:
-    """The row's values for ``table.insert_columns``, without a line it may carry."""
-    columns = len(table.insert_columns)
-    return row[:columns] if len(row) > columns else row
-
-
-def have_lines(table: Table, rows: Sequence[Sequence[Any]]) -> bool:
-    columns = len(table.insert_columns) + 1
-    return bool(rows) and all(len(row) == columns for row in rows)
 
 
 # How the worker's JSON reads: RFC 3339 timestamps ("...T00:00:00.123456Z"), Decimals as strings.
@@ -192,7 +168,7 @@ _JSON_INPUT = {"date_time_input_format": "best_effort", "input_format_parallel_p
 
 def insert_lines(client: Client, table: Table, rows: Sequence[Sequence[Any]],
                  settings: dict[str, Any] | None = None) -> None:
-    """Insert the lines ``rows`` carry (``have_lines`` of a table whose columns they name).
+    """Insert the lines ``rows`` carry (``rows.have_lines`` of a table whose columns they name).
 
     What the server's JSON parser stores differs from ``insert_rows`` only where a value has
     more places than its column's scale *and* more significant digits than its precision:

@@ -21,8 +21,9 @@ from gpumeter.core.models import RatedUsage
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
 from gpumeter.infra.insert import insert_rows
+from gpumeter.infra.rows import rated_row
 from gpumeter.infra.schema import EVENT_IDS, RATED_USAGE, USAGE_HOURLY
-from streams.sink import ClickHouseSink, connector, rated_row
+from streams.sink import ClickHouseSink, connector
 from streams.stage import RatingStage, encode_rated
 from testkit import builders
 

@@ -15,16 +15,8 @@ from typing import Any
 import pytest
 from clickhouse_connect.datatypes.registry import get_from_name
 
-from gpumeter.infra.insert import (
-    decimal_text,
-    decimal_texts,
-    have_lines,
-    insert_lines,
-    insert_rows,
-    values_of,
-    wire,
-    with_line,
-)
+from gpumeter.infra.insert import decimal_text, decimal_texts, insert_lines, insert_rows, wire
+from gpumeter.infra.rows import have_lines, values_of, with_line
 from gpumeter.infra.schema import EVENT_IDS, QUOTA_EVENTS, RATED_USAGE
 
 TYPES = [(38, 12), (38, 21), (38, 18), (18, 6), (38, 6)]

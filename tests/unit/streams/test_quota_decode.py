@@ -1,4 +1,4 @@
-"""The quota agent's fast reading of rated records against RatedLine, on the same bytes.
+"""The quota agent's fast (native) reading of rated records against RatedLine, on the same bytes.
 
 Reference: ``decode_rated`` (RatedLine, pydantic), the definition of a rated line. For the
 rating agent's own records the fast path must answer, with equal usages (values and their
@@ -21,7 +21,7 @@ from gpumeter.core import jsonio
 from gpumeter.core.records import join
 from quota.accounting import Usage
 from streams.quota import BadRatedRecord, decode_rated
-from streams.quota_decode import read_usages, read_usages_python
+from streams.quota_decode import read_usages
 from streams.stage import RatingStage, encode_rated
 from testkit.builders import card_set, random_samples
 
@@ -29,14 +29,11 @@ Located = tuple[int, int, Usage]
 Reader = Callable[[bytes], "list[Located] | None"]
 
 
-@pytest.fixture(params=["native", "python"])
-def read(request: pytest.FixtureRequest) -> Reader:
-    """Both readers: the native one (what read_usages uses when the extension is built) and the
-    Python one (without it)."""
-    if request.param == "native":
-        assert quota_decode._NATIVE is not None, "gpumeter_native is not built: `make install` builds it"
-        return read_usages
-    return read_usages_python
+@pytest.fixture
+def read() -> Reader:
+    """The native reader (what read_usages uses when the extension is built)."""
+    assert quota_decode._NATIVE is not None, "gpumeter_native is not built: `make install` builds it"
+    return read_usages
 
 
 def reference(record: bytes) -> list[Located]:
@@ -154,13 +151,13 @@ def test_the_canonical_variations_are_taken_by_the_fast_path(read: Reader) -> No
         assert read(varied(name, value)) is not None, name
 
 
-def test_remembered_texts_give_the_answers_read_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    read = read_usages_python  # the Python caches; the native reader's are its own
-    """Tenants, timestamps and decimal texts are remembered once read: with the caches cold,
-    warm, and overflowing (a limit of 2 clears them constantly) the fast path answers alike."""
+def test_remembered_texts_give_the_answers_read_afresh(read: Reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Timestamps and decimal texts are remembered once read (by the native reader's caches,
+    and by ``_moment`` and ``_number`` behind them): with the Python caches cold, warm, and
+    overflowing (a limit of 2 clears them constantly) the fast path answers alike."""
     monkeypatch.setattr(quota_decode, "_CACHE_LIMIT", 2)
-    for name, empty in (("_numbers", {}), ("_moments", {}), ("_tenants", set())):
-        monkeypatch.setattr(quota_decode, name, empty)
+    for name in ("_numbers", "_moments"):
+        monkeypatch.setattr(quota_decode, name, {})
     for _round in ("cold", "warm"):
         answered = 0
         for record in RECORDS[:6] + [varied(name, value) for name, value in VARIATIONS]:
@@ -175,3 +172,9 @@ def test_remembered_texts_give_the_answers_read_afresh(monkeypatch: pytest.Monke
                 answered += 1
         assert answered > 10
         assert len(quota_decode._numbers) <= 2 and len(quota_decode._moments) <= 2
+
+
+def test_without_the_extension_every_record_is_left_to_rated_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No second reader stands in for the native one: RatedLine, the definition, reads them all."""
+    monkeypatch.setattr(quota_decode, "_NATIVE", None)
+    assert all(read_usages(record) is None for record in RECORDS)
