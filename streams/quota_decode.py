@@ -153,7 +153,7 @@ def read_usages(record: bytes) -> list[Located] | None:
     """Every line of a rated record as (source partition, source offset, usage), or None when
     any line is not plainly what the rating agent writes (then RatedLine decides).
 
-    Natively where the extension is built (native/src/lib.rs ``RatedReader``: the same checks,
+    Natively where the extension is built (native/src/rated_reader.rs: the same checks,
     with ``_moment``, ``_number`` and ``Usage.trusted`` for the values; a line with an escaped
     string or a repeated field is left to RatedLine too), else in Python."""
     if _NATIVE is not None:
