@@ -272,7 +272,7 @@ impl NativeRater {
             };
             row.push(value);
         }
-        // The rated line after the values (streams/sink.py rated_row).
+        // The rated line after the values, as `rated_row` carries it.
         row.push(PyBytes::new(py, &line).into_any());
         Ok(Some(PyTuple::new(py, row)?))
     }
