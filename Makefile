@@ -5,9 +5,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NATIVE_STAMP := $(VENV)/.native-built
-NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/gpumeter_native.pyi $(wildcard native/src/*.rs)
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/rust-toolchain.toml \
+  native/gpumeter_native.pyi $(shell find native/src -name '*.rs')
+# cargo in native/ (rustup's ~/.cargo/bin when not on PATH), against the venv's Python (pyo3).
+CARGO := cd native && PATH="$$PATH:$$HOME/.cargo/bin" PYO3_PYTHON="$(abspath $(BIN)/python)" cargo
 
-.PHONY: install proto demo test lint unit integration kube bench testbin browser up down status clean dashboards
+.PHONY: install proto demo test lint unit native-test integration kube bench testbin browser up down status clean dashboards
 
 install: $(STAMP) $(NATIVE_STAMP)
 
@@ -37,6 +40,8 @@ lint: install proto
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
 
 testbin:
 	bash tests/kube/build.sh
@@ -47,8 +52,12 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium; else sudo apt-get install -y -q chromium; fi; }
 
-test: install testbin browser lint
+test: install testbin browser lint native-test
 	$(BIN)/python -m pytest
+
+# The native crate's own tests (its validators, scanner, cache and row layout).
+native-test: install
+	$(CARGO) test
 
 unit: install
 	$(BIN)/python -m pytest tests/unit

@@ -1,15 +1,31 @@
-"""Types of the native rating path (src/lib.rs; used by streams/native_rating.py)."""
+"""Types of the native paths (src/rate.rs: streams/native_rating.py; src/rated_reader.rs:
+streams/quota_decode.py)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
+
+# The contract-1 limits the native checks implement (src/validate.rs), held equal to
+# gpumeter.core's by tests/unit/streams/test_native_limits.py.
+MAX_SAMPLE_BYTES: int
+EVENT_ID_MAX_CHARS: int
+NAME_MAX_CHARS: int
+NAME_PATTERN: str
+TENANT_PATTERN: str
+PRIORITY_MIN: int
+PRIORITY_MAX: int
+UTILIZATION_DIGITS: int
+TELEMETRY_DIGITS: int
+KINDS: list[str]
+CAPACITY_TYPES: list[str]
 
 class NativeRater:
     def __init__(
         self,
-        window: Callable[[str, str], tuple[bytes, list[Any], int, str] | None],
-        rating: Callable[..., tuple[bytes, bytes, list[Any]] | None],
+        window: Callable[[str, str], tuple[bytes, dict[str, Any], int, str] | None],
+        rating: Callable[..., tuple[bytes, bytes, dict[str, Any]] | None],
         decimal: type[Decimal],
+        columns: Sequence[str],
     ) -> None: ...
     def rate_lines(self, lines: list[bytes], partition: int, offset: int) -> list[tuple[Any, ...] | None]: ...
     def clear(self) -> None: ...

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from gpumeter.core.models import SampleRejected, checked_window, parse_sample
+from gpumeter.infra.schema import RATED_USAGE
 from pricing.rating import Rater
 
 log = logging.getLogger(__name__)
@@ -38,19 +39,17 @@ except ImportError:  # not built (`make install` builds it): the Python path rat
     BUILT = False
 
 # RatedUsage fields as encode_rated writes them, in the runs of the line the native path takes
-# from Python, and the values the row takes with them (rated_usage insert order).
+# from Python; the row takes their values by name (the native path places every value by its
+# rated_usage insert column, which it is given at construction).
 WINDOW_FIELDS = ("window_start", "window_end", "period")
-WINDOW_VALUES = ("period", "window_start", "window_end")
 RATING_FIELDS = ("quantity", "unit_seconds", "gpu_model", "mig_profile", "capacity_type")
 PRICE_FIELDS = ("rate_card", "currency", "unit_price", "capacity_multiplier", "list_cost")
-RATING_VALUES = ("quantity", "unit_seconds", "gpu_model", "mig_profile", "capacity_type", "rate_card",
-                 "currency", "unit_price", "capacity_multiplier", "list_cost")
 # A prototype's own fields: any valid text (its rating does not depend on them).
 _PROTOTYPE = ('"event_id":"prototype","cluster":"p","node":"p","tenant":"p","namespace":"p",'
               '"pod":"p","pod_uid":"p"')
 
-Window = tuple[bytes, list[Any], int, str]
-Rating = tuple[bytes, bytes, list[Any]]
+Window = tuple[bytes, dict[str, Any], int, str]
+Rating = tuple[bytes, bytes, dict[str, Any]]
 
 
 def _decimal_text(value: object) -> str:
@@ -72,7 +71,7 @@ class NativeRating:
         if not BUILT:
             raise RuntimeError("gpumeter_native is not built: run `make install`")
         self.rater = rater
-        self._native = NativeRater(self.window, self.rating, Decimal)
+        self._native = NativeRater(self.window, self.rating, Decimal, RATED_USAGE.insert_columns)
 
     def rate_lines(self, lines: list[bytes], partition: int, offset: int) -> list[tuple[Any, ...] | None]:
         """Per line, its rated_usage row with the rated line last, or None: the Python path's."""
@@ -81,8 +80,8 @@ class NativeRating:
 
     def window(self, window_start: str, window_end: str) -> Window | None:
         """What a window (its two JSON tokens) gives every sample of it: the line's
-        ``"window_start":..,"window_end":..,"period":..``, those values, a key for the card in
-        force and the exact length in seconds; None where the Python path must decide."""
+        ``"window_start":..,"window_end":..,"period":..``, those values by name, a key for the
+        card in force and the exact length in seconds; None where the Python path must decide."""
         try:
             start_text, end_text = orjson.loads(window_start), orjson.loads(window_end)
             if type(start_text) is not str or type(end_text) is not str:
@@ -94,8 +93,7 @@ class NativeRating:
             if card is None:
                 return None
             values = {"window_start": start, "window_end": end, "period": period}
-            return (_fields_json(values, WINDOW_FIELDS), [values[name] for name in WINDOW_VALUES],
-                    id(card), str(checked[2]))
+            return _fields_json(values, WINDOW_FIELDS), values, id(card), str(checked[2])
         except Exception:  # a defect here must not stop rating: the Python path takes over
             log.exception("native rating: window %s %s declined", window_start, window_end)
             return None
@@ -105,7 +103,8 @@ class NativeRating:
         """The rating of every sample of this card, window length, kind, selector and quantity
         (JSON tokens; None where a field is absent), as the Python path rates a prototype sample
         of them in the window given: the line's ``"quantity":..`` to ``"capacity_type":..`` and
-        ``"rate_card":..`` to ``"list_cost":..``, and those values; None where it refuses one."""
+        ``"rate_card":..`` to ``"list_cost":..``, and those values by name; None where it
+        refuses one."""
         parts = [_PROTOTYPE, '"kind":' + orjson.dumps(kind).decode(), '"window_start":' + window_start,
                  '"window_end":' + window_end, '"quantity":' + quantity]
         for name, token in (("gpu_model", gpu_model), ("mig_profile", mig_profile),
@@ -116,7 +115,7 @@ class NativeRating:
             sample = parse_sample(("{" + ",".join(parts) + "}").encode())
             values = self.rater.rate(sample).__dict__
             return (_fields_json(values, RATING_FIELDS), _fields_json(values, PRICE_FIELDS),
-                    [values[name] for name in RATING_VALUES])
+                    {name: values[name] for name in RATING_FIELDS + PRICE_FIELDS})
         except (SampleRejected, TypeError):
             return None  # the Python path rates (or rejects) each such sample itself
         except Exception:  # a defect here must not stop rating: the Python path takes over

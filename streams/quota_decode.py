@@ -71,9 +71,9 @@ def read_usages(record: bytes) -> list[Located] | None:
     any line is not plainly what the rating agent writes, or the extension is not built (then
     RatedLine decides).
 
-    The native reader makes the checks the module doc lists, with ``_moment``, ``_number``
-    and ``Usage.trusted`` for the values; a line with an escaped string or a repeated field
-    is left to RatedLine too."""
+    The native reader (native/src/rated_reader.rs) makes the checks the module doc lists, with
+    ``_moment``, ``_number`` and ``Usage.trusted`` for the values; a line with an escaped string
+    or a repeated field is left to RatedLine too."""
     if _NATIVE is None:
         return None
     return _NATIVE.read(record)

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from gpumeter_native import NativeRater
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,10 @@ from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.core.records import join, split
 from gpumeter.core.settings import DEFAULTS_DIR
+from gpumeter.infra.schema import RATED_USAGE
+from pricing.rating import Rater
 from streams import native_rating
+from streams.native_rating import NativeRating
 from streams.stage import RatingStage
 from testkit import builders
 
@@ -204,7 +208,30 @@ def test_new_rate_cards_are_used_from_the_next_record() -> None:
     native.use_cards(corrected)
     python.use_cards(corrected)
     rows = assert_same(native, python, line(gpu(event_id="after")))
-    assert rows[0][17] == "2026-11-corrected"
+    assert rows[0][RATED_USAGE.insert_columns.index("rate_card")] == "2026-11-corrected"
+
+
+def native_rater(columns: tuple[str, ...]) -> NativeRater:
+    """A native rater of the default cards writing rows of these columns."""
+    rating = NativeRating(Rater(CARDS))
+    return NativeRater(rating.window, rating.rating, Decimal, columns)
+
+
+def test_the_native_row_places_each_value_by_the_column_names_it_is_given() -> None:
+    _, python = stages()
+    columns = RATED_USAGE.insert_columns
+    [expected], _ = python.rate_record(TAKEN["plain"], 0, 1)
+    [row] = native_rater(columns[::-1]).rate_lines([TAKEN["plain"]], 0, 1)
+    assert row is not None
+    assert row[:-1] == expected[:-1][::-1]
+    assert row[-1] == expected[-1]
+
+
+def test_a_column_the_native_path_cannot_fill_is_an_error_not_a_guess() -> None:
+    with pytest.raises(ValueError, match="colour"):
+        native_rater((*RATED_USAGE.insert_columns, "colour")).rate_lines([TAKEN["plain"]], 0, 1)
+    with pytest.raises(ValueError, match="named twice"):
+        native_rater((*RATED_USAGE.insert_columns, "pod"))
 
 
 decimal_texts = st.one_of(
