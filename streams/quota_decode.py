@@ -2,7 +2,7 @@
 
 ``RatedLine.model_validate_json`` (streams/quota.py) is the definition of what a rated line
 says; it costs ~6 µs a line, the quota agent's largest cost. ``read_usages`` reads the same
-lines natively (native/src/lib.rs ``RatedReader``) and takes only what is unmistakable: every
+lines natively (native/src/rated_reader.rs ``RatedReader``) and takes only what is unmistakable: every
 field it uses present with exactly the JSON type the rating agent writes (text for strings,
 decimals and times, integers for integers), decimals as finite non-negative decimal strings
 (``Decimal(text)``, which is how pydantic reads a decimal string), tenants by their pattern,
