@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from result_file import write_results  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import Progress  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -260,8 +261,7 @@ def main() -> int:
                       f"{result['passed_filter_mean']:.0f} nodes passed the filter on average; "
                       f"load average {result['load_average_1m'][0]:.1f} -> "
                       f"{result['load_average_1m'][1]:.1f} on {os.cpu_count()} CPUs")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"runs": results}, indent=2) + "\n")
+    write_results(RESULTS, {"runs": results})
     return 0
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import math
 import multiprocessing
 import os
@@ -58,6 +57,7 @@ from pipeline import (  # noqa: E402
     stored,
     wait_stored,
 )
+from result_file import write_results  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -551,8 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         client.close()
         services.drop_namespace(settings)
     report(results)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     return 0 if results["lag_under_one_window"] and results["all_visible"] else 1
 
 

@@ -19,7 +19,6 @@ tenant. Printed as seconds and ratios; written to benchmarks/results/insights-la
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -31,6 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from result_file import write_results  # noqa: E402
 
 from insights.forecast import History, backtest, forecast_tenant, summarize  # noqa: E402
 from insights.idle import GpuWindow, find_idle  # noqa: E402
@@ -134,8 +135,7 @@ def main() -> int:
     print(f"idle advice for {args.tenants} tenants ({i['windows']:,} windows, {i['idle_pods']} idle pods): "
           f"{i['idle_s']:.2f} s; plain sum of list cost {i['aggregate_s']:.2f} s; ratio {i['ratio']:.1f}x")
     result["wall_s"] = time.perf_counter() - started
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_results(RESULTS, result, default=str)
     print(f"written {RESULTS}")
     return 0
 

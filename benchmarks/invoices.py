@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 from pipeline import free_port
+from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -214,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({results['empty_per_s']:.0f} req/s)")
     table.add_row("  ratio p99 invoice / empty", f"{results['p99_vs_empty']:.1f}")
     console.print(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     return 0
 
 

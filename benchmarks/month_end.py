@@ -36,6 +36,7 @@ from typing import Any
 
 import clickhouse_connect
 from pipeline import stored, wait_stored
+from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -316,8 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     results["ratio_full_vs_empty"] = statistics.median(results["paired_ratios"])
     results["sink_ratio_full_vs_empty"] = results["sink_empty_batch_s"] / results["sink_full_batch_s"]
     console.print(report(results))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     return 0
 
 

@@ -16,7 +16,6 @@ Prints the ratios pipeline / baseline; machines are noisy, ratios travel better.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import socket
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer
+from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -281,8 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row(f"latency at {args.paced_rate:,.0f}/s p50", f"{results['latency_p50_s'] * 1000:,.0f} ms")
     table.add_row(f"latency at {args.paced_rate:,.0f}/s p99", f"{results['latency_p99_s'] * 1000:,.0f} ms")
     console.print(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     return 0
 
 

@@ -56,6 +56,7 @@ import yaml  # noqa: E402
 from kafka import KafkaProducer, TopicPartition  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 from kubernetes import watch as k8s_watch  # noqa: E402
+from result_file import write_results  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -702,8 +703,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results["load_average_after"] = os.getloadavg()[0]
     report(results)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     return 0
 
 

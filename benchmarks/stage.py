@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
@@ -133,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add_row("  ratio vs raw orjson.loads", f"{results['python_ratio_vs_raw_orjson']:.3f}")
     table.add_row("native / Python", f"{results['native_vs_python']:.2f}")
     console.print(table)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     return 0
 
 

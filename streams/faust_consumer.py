@@ -1,8 +1,6 @@
 """faust's Kafka consumer with the seek after recovery made safe (a fix for faust-streaming 0.15).
 
-The defect, found with per-partition ack bookkeeping logged at a stall (a restarted worker whose
-samples partition 1 sat at committed offset 1186 while offsets 1193 onwards were acknowledged,
-1186-1192 never delivered, for as long as the worker ran):
+How the defects were found and what they cost: docs/decisions/0004-faust-consumer-fixes.md.
 
 When a worker has a table to recover (the quota ledger's changelog), faust's Recovery resumes
 the flow to read the changelog, then, with the flow still running, resumes the stream
@@ -20,9 +18,7 @@ first record after ``stop_flow``) and records nothing as read until Recovery res
 after the seek. Every caller of ``perform_seek`` resumes the flow itself afterwards (Recovery)
 or calls it with the flow already stopped (the fetch loop).
 
-Two more defects lose records after a rebalance (a CI run of tests/chaos/test_rebalance.py
-stored 13,003 of 15,000 samples; a local repeat 13,303, the 1,697 missing being exactly the
-first offsets of one partition):
+Two more defects lose records after a rebalance (tests/chaos/test_rebalance.py):
 
 - aiokafka's ``seek_to_committed`` does not move a partition the group has no committed offset
   for (none, or 0): a worker that had fetched records of it and dropped them in a rebalance

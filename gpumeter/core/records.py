@@ -2,9 +2,9 @@
 
 A record carries the samples of one tenant (its key) as newline-separated JSON documents;
 a record holding a single JSON object is the one-line case, so both framings read the
-same. Batching matters because a stream processor pays a fixed cost per Kafka record
-(measured: faust alone tops out near 5-6k records/s on 2 cores), so the pipeline's
-throughput scales with samples per record (benchmarks/pipeline.py).
+same. Batching matters because a stream processor pays a fixed cost per Kafka record, so
+the pipeline's throughput scales with samples per record
+(docs/decisions/0002-records-carry-json-lines.md).
 """
 
 from __future__ import annotations

@@ -9,10 +9,7 @@ Idempotency by event_id is layered:
    one granule of 8-byte hashes per id and part, whatever the month-to-date row count, and
    it finds the id in any tenant and any month. Same fields: a duplicate, skipped; other
    fields: a ``duplicate_conflict`` dead letter (contract 1: the first stored copy wins).
-   Measured for a 5,000-id batch against 30 million ids (benchmarks/month_end.py and the
-   notes there): this layout 66 ms; EmbeddedRocksDB keyed by event_id (pipeline migration
-   4's first layout) 530-670 ms; a bloom_filter skip index on rated_usage reads every
-   granule (5,000 ids make every granule's filter say "maybe"): 9 s.
+   The layouts measured against it: docs/decisions/0003-idempotency-in-layers.md.
 2. rated_usage is ordered by (tenant, window_start, event_id): time-local, so the sink's
    retry check (rows of this batch already inserted before an ambiguous failure, whose ids
    had not reached event_ids yet) touches only the granules of the batch's own windows.
@@ -114,9 +111,7 @@ EVENT_IDS = Table(
 # Which id hashes event_ids holds, and nothing else: probed first, so that the wide
 # event_ids is read only for the hashes found here (almost never: a batch's ids are new).
 # Its 8-byte rows merge cheaply into a few large parts, and a lookup's cost is per granule
-# and part: 15,000 new ids against 30 million, probed here first (4 parts) then in event_ids
-# (11 parts), took 121 ms, against 187 ms in event_ids alone (medians of 8, one query each,
-# 2026-12-06 on benchmarks/month_end.py --keep's full table).
+# and part (measured: docs/decisions/0003-idempotency-in-layers.md).
 # Filled by a view from every insert into event_ids, in the same statement; a hash here
 # whose row event_ids lacks (a view insert retried) is harmless: the probe's second step
 # reads event_ids itself.
