@@ -13,8 +13,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     import clickhouse_connect.common
     import uvicorn
 
-    from pricing.api import create_app
-    from pricing.api_auth import Tokens
+    from pricing.http.app import create_app
+    from pricing.http.auth import Tokens
     from pricing.issue import billing
 
     listen = args.listen or settings.api.listen
