@@ -9,6 +9,10 @@ from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.settings import Settings
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", help="HOST:PORT (default: api.listen, 127.0.0.1:8791)")
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     import clickhouse_connect.common
     import uvicorn
