@@ -1,6 +1,6 @@
 """Pipeline throughput and latency beside raw baselines measured in the same run.
 
-    .venv/bin/python benchmarks/pipeline.py [--samples 60000] [--paced-rate 2000]
+    .venv/bin/python -m benchmarks.pipeline [--samples 60000] [--paced-rate 2000]
 
 Measures, on the local services of `gpumeter up` (started if needed), in a namespace of
 its own that is removed afterwards:
