@@ -75,10 +75,10 @@ dashboards: install
 	$(BIN)/python -m dashboards.boards
 
 bench: install proto
-	$(BIN)/python benchmarks/pipeline.py
-	$(BIN)/python benchmarks/sink_store.py
-	$(BIN)/python benchmarks/worker_ceiling.py
-	$(BIN)/python benchmarks/agent.py
+	$(BIN)/python -m benchmarks.pipeline
+	$(BIN)/python -m benchmarks.sink_store
+	$(BIN)/python -m benchmarks.worker_ceiling
+	$(BIN)/python -m benchmarks.agent
 
 up: install
 	$(BIN)/gpumeter up

@@ -1,6 +1,6 @@
 """Node agent benchmark: CPU per collection cycle, and the disk spool against a raw append.
 
-    .venv/bin/python benchmarks/agent.py [--cycles 50] [--records 20000]
+    .venv/bin/python -m benchmarks.agent [--cycles 50] [--records 20000]
 
 Cycle: 8 GPUs (NVML stand-in: declared values, no driver), 60 pods, a real
 PodResources gRPC server on a unix socket and a kubelet stats endpoint over
@@ -30,21 +30,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from collectors.agent.collector import NodeCollector  # noqa: E402
-from collectors.agent.kubelet_stats import KubeletStatsClient  # noqa: E402
-from collectors.agent.nvml_source import NvmlSource  # noqa: E402
-from collectors.agent.podmeta import StaticPodMetadata  # noqa: E402
-from collectors.agent.podresources import PodResourcesClient  # noqa: E402
-from collectors.agent.publisher import sample_message  # noqa: E402
-from collectors.agent.samples import window_bounds  # noqa: E402
-from collectors.agent.spool import Spool  # noqa: E402
-from testkit.cluster_state import pod, pvc  # noqa: E402
-from testkit.nvml_standin import NvmlStandIn, gpu_uuid, nvswitch_node  # noqa: E402
-from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve  # noqa: E402
+from collectors.agent.collector import NodeCollector
+from collectors.agent.kubelet_stats import KubeletStatsClient
+from collectors.agent.nvml_source import NvmlSource
+from collectors.agent.podmeta import StaticPodMetadata
+from collectors.agent.podresources import PodResourcesClient
+from collectors.agent.publisher import sample_message
+from collectors.agent.samples import window_bounds
+from collectors.agent.spool import Spool
+from testkit.cluster_state import pod, pvc
+from testkit.nvml_standin import NvmlStandIn, gpu_uuid, nvswitch_node
+from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
 
 GPUS = 8
 PODS = 60

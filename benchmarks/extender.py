@@ -1,6 +1,6 @@
 """Extender latency over real HTTP, beside an empty HTTP round trip on the same server.
 
-    .venv/bin/python benchmarks/extender.py [--nodes 1000 5000] [--requests 400] [--seed 7]
+    .venv/bin/python -m benchmarks.extender [--nodes 1000 5000] [--requests 400] [--seed 7]
 
 For each cluster size, a fresh `gpumeter hooks` server (the real aiohttp app and state, in a
 process of its own so client and server do not share one GIL) holds N nodes of mixed
@@ -38,16 +38,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
 
-from result_file import write_results  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import Progress  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology  # noqa: E402
+from benchmarks.result_file import write_results
+from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology
 
 console = Console()
 RESULTS = Path(__file__).resolve().parent / "results" / "extender-latest.json"

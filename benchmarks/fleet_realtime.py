@@ -1,6 +1,6 @@
 """The fleet of the mission, in real time: consumer lag and worker CPU over a sustained run.
 
-    .venv/bin/python benchmarks/fleet_realtime.py [--minutes 10] [--nodes 1250] [--window-seconds 15]
+    .venv/bin/python -m benchmarks.fleet_realtime [--minutes 10] [--nodes 1250] [--window-seconds 15]
 
 A simulated fleet (collectors/sim) of ``--nodes`` 8-GPU nodes (1,250 nodes = 10,000 GPUs: H100,
 H200, B200, A100 with MIG, L40S partly time-sliced; a tenant per 10 nodes, warm-started so most
@@ -41,14 +41,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from kafka import KafkaConsumer, TopicPartition
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
 
-from kafka import KafkaConsumer, TopicPartition  # noqa: E402
-
-# benchmarks/pipeline.py (this script's own directory is first on sys.path)
-from pipeline import (  # noqa: E402
+from benchmarks.pipeline import (
     cpu_seconds,
     isolated_namespace,
     make_payloads,
@@ -57,20 +56,15 @@ from pipeline import (  # noqa: E402
     stored,
     wait_stored,
 )
-from result_file import write_results  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
-from rich.text import Text  # noqa: E402
-
-from collectors.sim.config import FleetConfig, TenantSpec  # noqa: E402
-from collectors.sim.fleet import SimulatedFleet  # noqa: E402
-from collectors.sim.runner import FleetPublisher  # noqa: E402
-from gpumeter.app.runtime import services  # noqa: E402
-from gpumeter.app.runtime.worker_process import WorkerProcess  # noqa: E402
-from gpumeter.core import topics  # noqa: E402
-from gpumeter.core.settings import Settings  # noqa: E402
-from gpumeter.infra import clickhouse, kafka  # noqa: E402
+from benchmarks.result_file import write_results
+from collectors.sim.config import FleetConfig, TenantSpec
+from collectors.sim.fleet import SimulatedFleet
+from collectors.sim.runner import FleetPublisher
+from gpumeter.app.runtime import services
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core import topics
+from gpumeter.core.settings import Settings
+from gpumeter.infra import clickhouse, kafka
 
 console = Console()
 # Spawned, not forked: this process holds Kafka client threads that a fork would copy mid-flight.

@@ -1,7 +1,7 @@
 """Insights benchmark: forecast accuracy against the baselines, and the cost of forecasts and idle
 advice for many tenants beside a plain aggregate over the same rows.
 
-    .venv/bin/python benchmarks/insights_benchmark.py [--seeds 5 7] [--tenants 1000] [--weeks 16]
+    .venv/bin/python -m benchmarks.insights_benchmark [--seeds 5 7] [--tenants 1000] [--weeks 16]
 
 Accuracy: simulated fleets (16 weeks each, one per seed; daily and weekly rhythm and growth),
 every tenant's spend and GPU-hours backtested over 8 weekly folds: month-end WAPE of
@@ -27,17 +27,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmarks.result_file import write_results
+from insights.forecast import History, backtest, forecast_tenant, summarize
+from insights.idle import GpuWindow, find_idle
+from testkit.usage_history import fleet_histories
 
-from result_file import write_results  # noqa: E402
-
-from insights.forecast import History, backtest, forecast_tenant, summarize  # noqa: E402
-from insights.idle import GpuWindow, find_idle  # noqa: E402
-from testkit.usage_history import fleet_histories  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results" / "insights-latest.json"
+RESULTS = Path(__file__).resolve().parent / "results" / "insights-latest.json"
 
 
 def accuracy(seeds: list[int], weeks: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Closing a month and serving invoices, each beside a plain baseline measured in the same run.
 
-    .venv/bin/python benchmarks/invoices.py [--rows 30000000] [--tenants 1000] [--clients 50]
+    .venv/bin/python -m benchmarks.invoices [--rows 30000000] [--tenants 1000] [--clients 50]
 
 On the ClickHouse server of the settings (`gpumeter up`'s by default), in a database of its own
 that is dropped afterwards:
@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pipeline import free_port
-from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.pipeline import free_port
+from benchmarks.result_file import write_results
 from gpumeter.app import schema
 from gpumeter.app.runtime import services
 from gpumeter.core.settings import Settings, load_settings, settings_env

@@ -1,6 +1,6 @@
 """Ingest at the end of a month runs as fast as at its start: one worker, empty table vs full.
 
-    .venv/bin/python benchmarks/month_end.py [--samples 60000] [--fill 30000000] [--rounds 3] [--warmup 10000]
+    .venv/bin/python -m benchmarks.month_end [--samples 60000] [--fill 30000000] [--rounds 3] [--warmup 10000]
 
 On the local services of `gpumeter up` (started if needed), two namespaces of their own
 (topics, database, consumer group, one `gpumeter worker` each), removed afterwards
@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
-from pipeline import stored, wait_stored
-from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.pipeline import stored, wait_stored
+from benchmarks.result_file import write_results
 from collectors.sim.fleet import FleetConfig, SimulatedFleet
 from gpumeter.app import schema
 from gpumeter.app.runtime import services

@@ -1,6 +1,6 @@
 """Pipeline throughput and latency beside raw baselines measured in the same run.
 
-    .venv/bin/python benchmarks/pipeline.py [--samples 60000] [--paced-rate 2000]
+    .venv/bin/python -m benchmarks.pipeline [--samples 60000] [--paced-rate 2000]
 
 Measures, on the local services of `gpumeter up` (started if needed), in a namespace of
 its own that is removed afterwards:
@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer
-from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.result_file import write_results
 from collectors.sim.fleet import FleetConfig, SimulatedFleet
 from gpumeter.app import schema
 from gpumeter.app.runtime import services

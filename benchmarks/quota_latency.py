@@ -1,11 +1,11 @@
 """Quota enforcement latency: a crossing produced -> its eviction reaching the API server.
 
-    .venv/bin/python benchmarks/quota_latency.py [--crossings 200] [--pace 0.1] [--skip-pipeline]
+    .venv/bin/python -m benchmarks.quota_latency [--crossings 200] [--pace 0.1] [--skip-pipeline]
 
 Everything real, on this machine: Kafka and ClickHouse from `gpumeter up` (started if
 needed, in a namespace of topics and a database of its own, dropped afterwards), and the test
 control plane of tests/kube (etcd, kube-apiserver, kube-controller-manager built from source,
-KWOK running the pods), started here through tests/kube/fixtures.py's helpers.
+KWOK running the pods), started here through testkit/kube_cluster.py.
 
 Three measurements in one run, each over ``--crossings`` crossings, one tenant and one GPU pod
 per crossing, all tenants ``on_exceed: preempt`` with ``grace_seconds: 0``:
@@ -48,38 +48,29 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import yaml
+from kafka import KafkaProducer, TopicPartition
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-import yaml  # noqa: E402
-from kafka import KafkaProducer, TopicPartition  # noqa: E402
-from kubernetes import client as k8s  # noqa: E402
-from kubernetes import watch as k8s_watch  # noqa: E402
-from result_file import write_results  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from gpumeter.app import schema  # noqa: E402
-from gpumeter.app.runtime import services  # noqa: E402
-from gpumeter.app.runtime.worker_process import WorkerProcess  # noqa: E402
-from gpumeter.core import topics  # noqa: E402
-from gpumeter.core.models import QuotaEvent  # noqa: E402
-from gpumeter.core.settings import Settings, load_settings  # noqa: E402
-from gpumeter.core.topics import TopicSpec  # noqa: E402
-from gpumeter.infra import clickhouse, kafka  # noqa: E402
-from tests.kube.fixtures import (  # noqa: E402
-    KWOK_NODE_ANNOTATION,
-    KWOK_NODE_VALUE,
+from benchmarks.result_file import write_results
+from gpumeter.app import schema
+from gpumeter.app.runtime import services
+from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.core import topics
+from gpumeter.core.models import QuotaEvent
+from gpumeter.core.settings import Settings, load_settings
+from gpumeter.core.topics import TopicSpec
+from gpumeter.infra import clickhouse, kafka
+from testkit.kube_cluster import (
     Kube,
-    Process,
-    free_port,
     gpu_node_manifest,
-    http_ok,
     node_schedulable,
-    require_binaries,
     start_kube,
+    start_kwok,
     wait_until,
 )
 
@@ -97,36 +88,16 @@ GPU_HOURS_LIMIT = "0.01"  # 36 GPU-seconds: one 60 s window of one GPU crosses i
 
 @contextmanager
 def control_plane(workdir: Path) -> Iterator[Kube]:
-    """etcd + kube-apiserver + kube-controller-manager + KWOK (the kube/kwok fixtures, unrolled)."""
+    """etcd + kube-apiserver + kube-controller-manager + KWOK (as the kube and kwok fixtures)."""
     workdir.mkdir(parents=True, exist_ok=True)
     kube = start_kube(workdir)
-    bins = require_binaries("kwok", "kwok-stages.yaml")
-    port = free_port()
-    kwok = Process(
-        "kwok",
-        [
-            bins["kwok"],
-            f"--kubeconfig={kube.kubeconfig}",
-            f"--config={bins['kwok-stages.yaml']}",
-            "--manage-all-nodes=false",
-            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_VALUE}",
-            "--manage-nodes-with-label-selector=",
-            "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
-            "--disregard-status-with-label-selector=",
-            "--cidr=10.244.0.1/16",
-            "--node-ip=10.240.0.1",
-            "--node-lease-duration-seconds=40",
-            f"--server-address=127.0.0.1:{port}",
-        ],
-        workdir / "kwok.log",
-    )
     try:
-        wait_until(
-            lambda: http_ok(f"http://127.0.0.1:{port}/healthz"), what="kwok /healthz", processes=[kwok]
-        )
-        yield kube
+        kwok = start_kwok(kube)
+        try:
+            yield kube
+        finally:
+            kwok.process.stop()
     finally:
-        kwok.stop()
         kube.stop()
 
 

@@ -1,6 +1,6 @@
 """The ClickHouse sink alone: `ClickHouseSink.store_rated` beside a raw bulk insert, same rows.
 
-    .venv/bin/python benchmarks/sink_store.py [--samples 60000] [--batch 5000]
+    .venv/bin/python -m benchmarks.sink_store [--samples 60000] [--batch 5000]
 
 On the local services of `gpumeter up` (started if needed), in a database of its own that is
 removed afterwards: N simulated samples are rated once, then
@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pipeline import cpu_seconds, isolated_namespace, make_payloads, raw_insert, service_pids
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.pipeline import cpu_seconds, isolated_namespace, make_payloads, raw_insert, service_pids
 from gpumeter.app.runtime import services
 from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards

@@ -1,6 +1,6 @@
 """The rating stage alone, beside a raw decode of the same bytes measured in the same run.
 
-    .venv/bin/python benchmarks/stage.py [--samples 60000] [--repeat 5]
+    .venv/bin/python -m benchmarks.stage [--samples 60000] [--repeat 5]
 
 Records a simulated fleet's samples framed as the pipeline sends them (one record per
 tenant, up to 500 lines: gpumeter/core/records.py), then times on one core, in CPU seconds
@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-from result_file import write_results
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.result_file import write_results
 from collectors.sim.fleet import FleetConfig, SimulatedFleet
 from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards

@@ -1,6 +1,6 @@
 """How fast one worker goes when storing costs nothing: the store's share of the throughput gap.
 
-    .venv/bin/python benchmarks/worker_ceiling.py [--samples 100000] [--rounds 2]
+    .venv/bin/python -m benchmarks.worker_ceiling [--samples 100000] [--rounds 2]
 
 On the local services of `gpumeter up` (started if needed), alternating in one run, each
 round in a namespace of its own (removed afterwards):
@@ -27,10 +27,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipeline import cpu_seconds, free_port, isolated_namespace, make_payloads, publish, wait_count
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.pipeline import cpu_seconds, free_port, isolated_namespace, make_payloads, publish, wait_count
 from gpumeter.app.runtime import services
 from gpumeter.core.settings import settings_env
 

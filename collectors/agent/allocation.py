@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from collectors.agent.nvml_source import GpuInfo, MigInstance
+from collectors.agent.nvml_inventory import GpuInfo, MigInstance
 from collectors.agent.podmeta import PodInfo
 from collectors.agent.podresources import DeviceAllocation
 from gpumeter.core.models import GpuAssignment, NodeAllocation

@@ -50,7 +50,8 @@ from collectors.agent.kubelet_stats import (
     NodeStats,
 )
 from collectors.agent.metrics import AgentMetrics
-from collectors.agent.nvml_source import DeviceReading, NvmlSource
+from collectors.agent.nvml_source import NvmlSource
+from collectors.agent.nvml_telemetry import DeviceReading
 from collectors.agent.podmeta import ClaimInfo, PodInfo
 from collectors.agent.podresources import (
     DEFAULT_SOCKET,

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from collectors.agent.mig import MigProfile
-from collectors.agent.nvml_source import GpuInfo
+from collectors.agent.nvml_inventory import GpuInfo
 from collectors.agent.podresources import DeviceAllocation
 
 _WHOLE = re.compile(r"^gpu-(\d+)$")

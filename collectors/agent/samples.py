@@ -40,7 +40,8 @@ from decimal import Decimal
 from typing import Any
 
 from collectors.agent.kubelet_stats import NodeStats, PodUsage
-from collectors.agent.nvml_source import DeviceReading, GpuInfo, MigInstance
+from collectors.agent.nvml_inventory import GpuInfo, MigInstance
+from collectors.agent.nvml_telemetry import DeviceReading
 from collectors.agent.podmeta import ClaimInfo, PodInfo
 from collectors.agent.podresources import DeviceAllocation
 from gpumeter.core.models import UsageSample, quantize_quantity

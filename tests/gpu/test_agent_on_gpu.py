@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from collectors.agent.collector import NodeCollector
-from collectors.agent.nvml_source import NvmlSource, NvmlUnavailable, gpu_model_name
+from collectors.agent.nvml_inventory import gpu_model_name
+from collectors.agent.nvml_source import NvmlSource, NvmlUnavailable
 from collectors.agent.podmeta import StaticPodMetadata
 from collectors.agent.podresources import PodResourcesClient
 from testkit.cluster_state import pod

@@ -41,15 +41,14 @@ from gpumeter.infra import clickhouse, kafka
 from scheduler_hooks.actuator import Actuator, TenantsSource
 from scheduler_hooks.kube_gateway import KubeGateway
 from scheduler_hooks.kube_objects import parse_notice
-from tests.kube.fixtures import (
+from testkit.kube_cluster import (
     CAPACITY_TYPE_LABEL,
     VOLCANO_GROUP,
     VOLCANO_VERSION,
-    CreateGpuNodes,
     Kube,
-    StartScheduler,
     wait_for_default_service_account,
 )
+from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 from tests.kube.test_rbac import apply_rbac, service_account_client
 from tests.services import run_cli
 

@@ -21,7 +21,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.kube.fixtures import CreateGpuNodes, Kube, StartScheduler
+from testkit.kube_cluster import Kube
+from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 
 pytestmark = [pytest.mark.agent, pytest.mark.kube]
 

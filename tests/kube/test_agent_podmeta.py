@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client as k8s
 
 from collectors.agent.podmeta import KubePodMetadata
-from tests.kube.fixtures import Kube
+from testkit.kube_cluster import Kube
 
 pytestmark = [pytest.mark.agent, pytest.mark.kube]
 

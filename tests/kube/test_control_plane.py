@@ -17,18 +17,17 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from tests.kube.fixtures import (
+from testkit.kube_cluster import (
     CAPACITY_TYPE_LABEL,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     TOPOLOGY_ANNOTATION,
     VOLCANO_GROUP,
     VOLCANO_VERSION,
-    CreateGpuNodes,
     Kube,
-    StartScheduler,
     has_condition,
 )
+from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 
 pytestmark = pytest.mark.kube
 

@@ -34,8 +34,9 @@ from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.feeds import kube_feeds
+from testkit.kube_cluster import GPU_RESOURCE, Kube, free_port
 from testkit.live_hooks import LiveHooks
-from tests.kube.fixtures import GPU_RESOURCE, CreateGpuNodes, Kube, StartScheduler, free_port
+from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 
 pytestmark = pytest.mark.kube
 

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tests.kube.fixtures import CreateGpuNodes, Kube, wait_for_default_service_account
+from testkit.kube_cluster import Kube, wait_for_default_service_account
+from tests.kube.fixtures import CreateGpuNodes
 
 pytestmark = pytest.mark.kube
 

@@ -10,154 +10,75 @@ import argparse
 import importlib
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NamedTuple
 
+from gpumeter.app.cli.arguments import Parser
 from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.config_files import ConfigError
 from gpumeter.core.settings import Settings, load_settings
 
-PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+
+class Command(NamedTuple):
+    module: str  # under gpumeter.app.cli: declares the command's arguments and runs it
+    function: str
+    help: str
+    arguments: bool = True  # the module declares them in add_arguments(parser)
 
 
-
-
-def _period(value: str) -> str:
-    if not PERIOD.match(value):
-        raise argparse.ArgumentTypeError(f"period must be YYYY-MM, got {value!r}")
-    return value
-
-
-def _rfc3339(value: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an RFC 3339 time, got {value!r}") from None
-    if moment.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"the time needs an offset (e.g. Z), got {value!r}")
-    return moment
-
-
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"gpumeter: error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gpumeter", description="GPU metering, quotas and billing")
-    parser.add_argument("--config", type=Path, help="settings YAML (default: $GPUMETER_CONFIG)")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    commands.add_parser("demo", help="run the whole pipeline on a simulated fleet").add_argument(
-        "--seconds", type=_positive_float, default=60.0, help="wall time of the simulated run")
-    commands.add_parser("up", help="start the local Kafka broker and ClickHouse server")
-    commands.add_parser("down", help="stop them")
-    commands.add_parser("status", help="show what runs where")
-
-    collect = commands.add_parser("collect", help="node agent")
-    collect.add_argument("--source", choices=["nvml", "simulated"], required=True)
-    collect.add_argument("--seed", type=int, default=7)
-    collect.add_argument("--windows", type=int, default=0, help="simulated: stop after N windows (0: never)")
-    collect.add_argument("--speed", type=_positive_float, default=None,
-                         help="simulated: windows per second (default: as fast as possible)")
-
-    worker = commands.add_parser("worker", help="stream processors (rating, quotas, sink)")
-    worker.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
-
-    ingest = commands.add_parser("ingest", help="publish UsageSample lines from a file ('-' = stdin)")
-    ingest.add_argument("file")
-
-    invoice = commands.add_parser("invoice", help="invoices from ClickHouse; `invoice close` issues a month")
-    # An optional verb, so every `gpumeter invoice --tenant ...` form parses as before.
-    invoice.add_argument("action", nargs="?", choices=["close"],
-                         help="close: issue every tenant's invoice of an ended month (numbered, stored, "
-                              "never changed; later usage becomes numbered adjustments)")
-    who = invoice.add_mutually_exclusive_group()  # required unless `close`: checked by the command
-    who.add_argument("--tenant")
-    who.add_argument("--all-tenants", action="store_true")
-    invoice.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
-    invoice.add_argument("--format", choices=["csv", "json", "pdf"], default="json")
-    invoice.add_argument("--paper", choices=["A4", "Letter"], default="A4", help="PDF page size")
-    invoice.add_argument("--out", type=Path, default=Path("gpumeter-out"))
-    invoice.add_argument("--finalize", action="store_true",
-                         help="issue the invoice: it is stored and never changes; later usage "
-                              "of the month goes on an adjustment invoice")
-
-    drain = commands.add_parser("drain", help="wait until everything published is rated and stored")
-    drain.add_argument("--timeout", type=_positive_float, default=300.0)
-
-    insights = commands.add_parser("insights", help="idle GPUs, month-end and quota forecasts (advice only)")
-    insights.add_argument("--at", type=_rfc3339, default=None,
-                          help="evaluate as of this RFC 3339 time (default: the latest gpu window)")
-    insights.add_argument("--threshold", type=_positive_float, default=0.05,
-                          help="idle below this GPU utilization (0-1, default 0.05)")
-    insights.add_argument("--sustain-minutes", type=_positive_float, default=60.0,
-                          help="for at least this long (default 60)")
-    insights.add_argument("--no-forecasts", action="store_true", help="idle GPUs only")
-    insights.add_argument("--no-publish", action="store_true",
-                          help="print only: no advice events, nothing written to ClickHouse")
-
-    report = commands.add_parser("report", help="the offline finance report of one month (HTML and CSVs)")
-    report.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
-    report.add_argument("--out", type=Path, default=Path("gpumeter-out"))
-
-    reconcile = commands.add_parser("reconcile", help="prove invoices = rated usage = stored samples")
-    reconcile.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
-
-    rerate = commands.add_parser("rerate", help="re-rate a stored month with the rate cards now loaded; "
-                                                "a month with a final invoice gets an adjustment")
-    rerate.add_argument("--period", type=_period, required=True, help="YYYY-MM (UTC)")
-    rerate.add_argument("--tenant", help="one tenant (default: every tenant of the month)")
-    rerate.add_argument("--dry-run", action="store_true", help="print the differences, write nothing")
-
-    commands.add_parser("api", help="the tenant invoice API (HTTP)").add_argument(
-        "--listen", help="HOST:PORT (default: api.listen, 127.0.0.1:8791)")
-
-    hooks = commands.add_parser("hooks", help="scheduler extender HTTP service and quota actuator")
-    hooks.add_argument("--dry-run", action="store_true",
-                       help="actuator records every decision and acts on none (default: hooks.dry_run)")
-
-    quota = commands.add_parser("quota", help="tenant quotas: usage against limits")
-    quota_commands = quota.add_subparsers(dest="quota_command", required=True, parser_class=_Parser)
-    quota_status = quota_commands.add_parser("status", help="each tenant's usage, limits and state")
-    quota_status.add_argument("--tenant", help="one tenant (default: every tenant with a policy or usage)")
-    quota_status.add_argument("--at", help="evaluate at this RFC 3339 time (default: the quota clock)")
-    quota_status.add_argument("--json", action="store_true", help="machine-readable output")
-    return parser
-
-
-# Command -> (module under gpumeter.app.cli, function). A command's module, and whatever it
-# needs, is imported only when that command runs, so `gpumeter --help` stays fast.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("local", "up"), "down": ("local", "down"), "status": ("local", "status"),
-    "worker": ("worker", "run"), "ingest": ("ingest", "run"), "drain": ("drain", "run"),
-    "invoice": ("invoice", "run"), "collect": ("collect", "run"), "demo": ("demo", "run"),
-    "insights": ("insights", "run"),
-    "quota": ("quota", "run"),
-    "reconcile": ("reconcile", "run"),
-    "rerate": ("rerate", "run"),
-    "report": ("report", "run"),
-    "api": ("api", "run"),
-    "hooks": ("hooks", "run"),
+# In the order `gpumeter --help` lists them. A command's module, and whatever it needs, is
+# imported only when that command is parsed, so `gpumeter --help` stays fast.
+COMMANDS: dict[str, Command] = {
+    "demo": Command("demo", "run", "run the whole pipeline on a simulated fleet"),
+    "up": Command("local", "up", "start the local Kafka broker and ClickHouse server", arguments=False),
+    "down": Command("local", "down", "stop them", arguments=False),
+    "status": Command("local", "status", "show what runs where", arguments=False),
+    "collect": Command("collect", "run", "node agent"),
+    "worker": Command("worker", "run", "stream processors (rating, quotas, sink)"),
+    "ingest": Command("ingest", "run", "publish UsageSample lines from a file ('-' = stdin)"),
+    "invoice": Command("invoice", "run", "invoices from ClickHouse; `invoice close` issues a month"),
+    "drain": Command("drain", "run", "wait until everything published is rated and stored"),
+    "insights": Command("insights", "run", "idle GPUs, month-end and quota forecasts (advice only)"),
+    "report": Command("report", "run", "the offline finance report of one month (HTML and CSVs)"),
+    "reconcile": Command("reconcile", "run", "prove invoices = rated usage = stored samples"),
+    "rerate": Command("rerate", "run", "re-rate a stored month with the rate cards now loaded; "
+                                       "a month with a final invoice gets an adjustment"),
+    "api": Command("api", "run", "the tenant invoice API (HTTP)"),
+    "hooks": Command("hooks", "run", "scheduler extender HTTP service and quota actuator"),
+    "quota": Command("quota", "run", "tenant quotas: usage against limits"),
 }
 
 
+class _CommandParser(Parser):
+    """One command's parser: its module declares the arguments when the command is parsed."""
+
+    def __init__(self, *args: Any, command: Command, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declare: Command | None = command if command.arguments else None
+
+    def parse_known_args(  # type: ignore[override]  # the stubs overload it by namespace type
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self._declare is not None:
+            module = importlib.import_module(f"gpumeter.app.cli.{self._declare.module}")
+            self._declare = None
+            module.add_arguments(self)
+        return super().parse_known_args(args, namespace)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="gpumeter", description="GPU metering, quotas and billing")
+    parser.add_argument("--config", type=Path, help="settings YAML (default: $GPUMETER_CONFIG)")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
+    for name, command in COMMANDS.items():
+        commands.add_parser(name, help=command.help, command=command)
+    return parser
+
+
 def _command(name: str) -> Callable[[Settings, argparse.Namespace], int]:
-    module, function = COMMANDS[name]
+    module, function = COMMANDS[name].module, COMMANDS[name].function
     command: Callable[[Settings, argparse.Namespace], int] = getattr(
         importlib.import_module(f"gpumeter.app.cli.{module}"), function)
     return command

@@ -9,12 +9,16 @@ from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.settings import Settings
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", help="HOST:PORT (default: api.listen, 127.0.0.1:8791)")
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     import clickhouse_connect.common
     import uvicorn
 
-    from pricing.api import create_app
-    from pricing.api_auth import Tokens
+    from pricing.http.app import create_app
+    from pricing.http.auth import Tokens
     from pricing.issue import billing
 
     listen = args.listen or settings.api.listen

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from gpumeter.app.cli.arguments import positive_number
 from gpumeter.app.cli.errors import Failure
 from gpumeter.core.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--source", choices=["nvml", "simulated"], required=True)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--windows", type=int, default=0, help="simulated: stop after N windows (0: never)")
+    parser.add_argument("--speed", type=positive_number, default=None,
+                        help="simulated: windows per second (default: as fast as possible)")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from gpumeter.app.cli.arguments import positive_number
 from gpumeter.app.cli.errors import Failure
 from gpumeter.core.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeout", type=positive_number, default=300.0)
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

@@ -29,6 +29,11 @@ READY_POLL_SECONDS = 0.5
 STOP_TIMEOUT_SECONDS = 15.0
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="actuator records every decision and acts on none (default: hooks.dry_run)")
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     dry_run = bool(getattr(args, "dry_run", False) or settings.hooks.dry_run)
     return asyncio.run(serve(settings, dry_run=dry_run))

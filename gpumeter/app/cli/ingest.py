@@ -10,6 +10,10 @@ from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.settings import Settings
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file")
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     from gpumeter.app.ingest import ingest_lines
     from gpumeter.app.progress import byte_progress

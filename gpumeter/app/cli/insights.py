@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from gpumeter.app.cli.arguments import aware_time, positive_number
 from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.money import format_money
 from gpumeter.core.settings import Settings
@@ -30,6 +31,18 @@ def _when(moment: datetime | None) -> str:
 
 def _ratio(value: float | int | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--at", type=aware_time, default=None,
+                        help="evaluate as of this RFC 3339 time (default: the latest gpu window)")
+    parser.add_argument("--threshold", type=positive_number, default=0.05,
+                        help="idle below this GPU utilization (0-1, default 0.05)")
+    parser.add_argument("--sustain-minutes", type=positive_number, default=60.0,
+                        help="for at least this long (default 60)")
+    parser.add_argument("--no-forecasts", action="store_true", help="idle GPUs only")
+    parser.add_argument("--no-publish", action="store_true",
+                        help="print only: no advice events, nothing written to ClickHouse")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

@@ -5,9 +5,28 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from gpumeter.app.cli.arguments import yyyy_mm
 from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # An optional verb, so every `gpumeter invoice --tenant ...` form parses as before.
+    parser.add_argument("action", nargs="?", choices=["close"],
+                        help="close: issue every tenant's invoice of an ended month (numbered, stored, "
+                             "never changed; later usage becomes numbered adjustments)")
+    who = parser.add_mutually_exclusive_group()  # required unless `close`: checked by run()
+    who.add_argument("--tenant")
+    who.add_argument("--all-tenants", action="store_true")
+    parser.add_argument("--period", type=yyyy_mm, required=True, help="YYYY-MM (UTC)")
+    parser.add_argument("--format", choices=["csv", "json", "pdf"], default="json")
+    parser.add_argument("--paper", choices=["A4", "Letter"], default="A4", help="PDF page size")
+    parser.add_argument("--out", type=Path, default=Path("gpumeter-out"))
+    parser.add_argument("--finalize", action="store_true",
+                        help="issue the invoice: it is stored and never changes; later usage "
+                             "of the month goes on an adjustment invoice")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
+from gpumeter.app.cli.arguments import Parser
 from gpumeter.app.cli.errors import Failure, UsageError
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import load_tenants
@@ -34,6 +35,14 @@ from streams.quota import (
 )
 
 READ_TIMEOUT_SECONDS = 30.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="quota_command", required=True, parser_class=Parser)
+    status = commands.add_parser("status", help="each tenant's usage, limits and state")
+    status.add_argument("--tenant", help="one tenant (default: every tenant with a policy or usage)")
+    status.add_argument("--at", help="evaluate at this RFC 3339 time (default: the quota clock)")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

@@ -10,8 +10,13 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from gpumeter.app.cli.arguments import yyyy_mm
 from gpumeter.app.cli.errors import Failure
 from gpumeter.core.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--period", type=yyyy_mm, required=True, help="YYYY-MM (UTC)")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

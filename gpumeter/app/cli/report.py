@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
+from pathlib import Path
 
 from rich.console import Console
 
+from gpumeter.app.cli.arguments import yyyy_mm
 from gpumeter.core.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--period", type=yyyy_mm, required=True, help="YYYY-MM (UTC)")
+    parser.add_argument("--out", type=Path, default=Path("gpumeter-out"))
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

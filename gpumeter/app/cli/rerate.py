@@ -14,8 +14,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gpumeter.app.cli.arguments import yyyy_mm
 from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.settings import Settings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--period", type=yyyy_mm, required=True, help="YYYY-MM (UTC)")
+    parser.add_argument("--tenant", help="one tenant (default: every tenant of the month)")
+    parser.add_argument("--dry-run", action="store_true", help="print the differences, write nothing")
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:

@@ -7,6 +7,10 @@ import argparse
 from gpumeter.core.settings import Settings
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loglevel", default="warn", choices=["debug", "info", "warn", "error"])
+
+
 def run(settings: Settings, args: argparse.Namespace) -> int:
     from gpumeter.app import schema
     from gpumeter.infra import clickhouse

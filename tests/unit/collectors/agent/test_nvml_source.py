@@ -8,7 +8,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from collectors.agent.nvml_source import EnergyMeter, NvmlSource, NvmlUnavailable, gpu_model_name
+from collectors.agent.nvml_inventory import gpu_model_name
+from collectors.agent.nvml_source import NvmlSource, NvmlUnavailable
+from collectors.agent.nvml_telemetry import EnergyMeter
 from testkit.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig, gpu_uuid, nvswitch_node
 
 pytestmark = pytest.mark.agent

@@ -14,7 +14,8 @@ from decimal import Decimal
 from typing import Any
 
 from collectors.agent.kubelet_stats import NodeStats, PodUsage
-from collectors.agent.nvml_source import DeviceReading, GpuInfo, MigInstance, ProcessMemory
+from collectors.agent.nvml_inventory import GpuInfo, MigInstance
+from collectors.agent.nvml_telemetry import DeviceReading, ProcessMemory
 from collectors.agent.podmeta import ClaimInfo, PodInfo, Requests
 from collectors.agent.podresources import DeviceAllocation
 from collectors.agent.samples import SampleBuilder

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpumeter.core.config_files import ConfigError
-from pricing.api_auth import Caller, Tokens, load_tokens
+from pricing.http.auth import Caller, Tokens, load_tokens
 
 
 def sha(token: str) -> str:

@@ -1,0 +1,42 @@
+"""What the commands' arguments share: the parser class (usage errors are one line, exit 2) and
+the value types argparse checks (YYYY-MM, RFC 3339 with an offset, a positive number)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from datetime import datetime
+from typing import NoReturn
+
+PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"gpumeter: error: {message}\n")
+
+
+def yyyy_mm(value: str) -> str:
+    if not PERIOD.match(value):
+        raise argparse.ArgumentTypeError(f"period must be YYYY-MM, got {value!r}")
+    return value
+
+
+def aware_time(value: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an RFC 3339 time, got {value!r}") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"the time needs an offset (e.g. Z), got {value!r}")
+    return moment
+
+
+def positive_number(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number

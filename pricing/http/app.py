@@ -1,0 +1,73 @@
+"""The tenant invoice API (contract 7) as an ASGI app (FastAPI); `gpumeter api` serves it with
+uvicorn.
+
+- Every request but ``/healthz`` carries ``Authorization: Bearer <token>``; a missing or unknown
+  token is 401. A tenant token sees its own tenant only (access.py).
+- A malformed period, format or paper is 400 with one reason: ``{"error": "..."}`` (errors.py).
+- Invoices (routes_invoices.py) and month-to-date usage (routes_usage.py).
+- ``/metrics`` (any valid token: it holds request counts, no tenant data) and ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from pricing.http.access import Authorized
+from pricing.http.auth import Tokens
+from pricing.http.documents import ERRORS
+from pricing.http.errors import install_error_handlers
+from pricing.http.routes_invoices import invoice_routes
+from pricing.http.routes_usage import usage_routes
+from pricing.issue import Billing
+
+log = logging.getLogger(__name__)
+
+
+def create_app(context: Billing, tokens: Tokens) -> FastAPI:
+    app = FastAPI(title="gpumeter invoice API", version="1",
+                  description="Tenant invoices and month-to-date usage (DESIGN.md contract 7).",
+                  openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.tokens = tokens
+    registry = CollectorRegistry()
+    requests = Counter("gpumeter_api_requests", "API requests by route and status", ["route", "status"],
+                       registry=registry)
+    latency = Histogram("gpumeter_api_request_seconds", "API request latency by route", ["route"],
+                        registry=registry)
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def _measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        try:
+            response = await call_next(request)
+        except Exception:  # answered as a 500 by Starlette; counted and logged here
+            log.exception("request %s %s failed", request.method, request.url.path)
+            response = JSONResponse({"error": "internal error"}, status_code=500)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        requests.labels(route, str(response.status_code)).inc()
+        latency.labels(route).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", tags=["service"], responses={200: {"content": {"text/plain": {}}}, 401: ERRORS[401]},
+             response_class=Response)
+    def metrics(_: Authorized) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/openapi.json", tags=["service"], responses={401: ERRORS[401]}, include_in_schema=True)
+    def openapi(_: Authorized) -> dict[str, Any]:
+        return app.openapi()
+
+    app.include_router(invoice_routes(context))
+    app.include_router(usage_routes(context))
+    return app
