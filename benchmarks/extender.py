@@ -76,8 +76,8 @@ def serve(nodes: int, seed: int, ports: Any) -> None:
     """Server process: the real state and app, loaded with ``nodes`` nodes, on a free port."""
     import asyncio
 
-    from scheduler_hooks.server import HooksServer, freeze_heap
-    from scheduler_hooks.state import ALLOCATION, TOPOLOGY, HooksState
+    from scheduler_hooks.cluster.state import ALLOCATION, TOPOLOGY, HooksState
+    from scheduler_hooks.extender.server import HooksServer, freeze_heap
 
     async def main() -> None:
         state = HooksState()

@@ -1,4 +1,4 @@
-"""The real extender server (scheduler_hooks.server) on a free loopback port, in a thread.
+"""The real extender server (scheduler_hooks.extender.server) on a free loopback port, in a thread.
 
 Not a fake: the aiohttp app, the state and the feeds are the production ones; this only gives
 them an event loop of their own so synchronous tests can talk real HTTP to them. State
@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from gpumeter.core.tenants import TenantsFile
-from scheduler_hooks.feeds import Feed, loop_poster, start_all, stop_all
-from scheduler_hooks.server import HooksServer
-from scheduler_hooks.state import HooksState
+from scheduler_hooks.cluster.feeds import Feed, loop_poster, start_all, stop_all
+from scheduler_hooks.cluster.state import HooksState
+from scheduler_hooks.extender.server import HooksServer
 
 T = TypeVar("T")
 

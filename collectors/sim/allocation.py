@@ -6,7 +6,7 @@ for later requests. The simulated fleet does the same, so its allocation records
 (contract 8) look like a real node's and the extender's scores have something to reason about.
 
 Order of preference between k-subsets of the free GPUs (the scorer in
-``scheduler_hooks/placement.py`` assumes the same order; the two are compared by a test):
+``scheduler_hooks/cluster/placement.py`` assumes the same order; the two are compared by a test):
 
 1. the best worst pair: all NVLink (more links better) > PIX > PXB > PHB > NODE > SYS;
 2. the most link weight inside the set;

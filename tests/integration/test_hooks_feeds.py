@@ -20,7 +20,7 @@ from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeT
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
-from scheduler_hooks.feeds import KafkaFeed
+from scheduler_hooks.cluster.feeds import KafkaFeed
 from testkit.live_hooks import LiveHooks
 from tests.services import Endpoints, delete_topics
 

@@ -3,7 +3,7 @@
 The server is the production aiohttp app and state on a free loopback port (testkit.live_hooks);
 requests are JSON written by hand from the upstream Go types (kube-scheduler extender/v1 and
 Volcano's extender plugin); expected answers are worked out by hand from the rules in
-scheduler_hooks.placement / policy, not read back from the code.
+scheduler_hooks.cluster.placement / policy, not read back from the code.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
-from scheduler_hooks.server import MAX_BODY_BYTES, server_ssl_context
-from scheduler_hooks.state import WatchedNode, WatchedPod
+from scheduler_hooks.cluster.state import WatchedNode, WatchedPod
+from scheduler_hooks.extender.server import MAX_BODY_BYTES, server_ssl_context
 from testkit.live_hooks import LiveHooks
 
 pytestmark = pytest.mark.integration

@@ -38,9 +38,9 @@ from gpumeter.core.models import QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS, QUOTA_EVENTS
 from gpumeter.infra import clickhouse, kafka
-from scheduler_hooks.actuator import Actuator, TenantsSource
-from scheduler_hooks.kube_gateway import KubeGateway
-from scheduler_hooks.kube_objects import parse_notice
+from scheduler_hooks.actuator.kube_gateway import KubeGateway
+from scheduler_hooks.actuator.service import Actuator, TenantsSource
+from scheduler_hooks.cluster.kube_objects import parse_notice
 from testkit.kube_cluster import (
     CAPACITY_TYPE_LABEL,
     VOLCANO_GROUP,

@@ -33,7 +33,7 @@ from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeT
 from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
-from scheduler_hooks.feeds import kube_feeds
+from scheduler_hooks.cluster.feeds import kube_feeds
 from testkit.kube_cluster import GPU_RESOURCE, Kube, free_port
 from testkit.live_hooks import LiveHooks
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
@@ -365,7 +365,7 @@ def test_deploy_manifests_are_accepted_and_name_our_routes(kube: Kube, kube_name
     configurations name is a route the server has."""
     from kubernetes import utils
 
-    from scheduler_hooks.server import KUBE_VERBS, VOLCANO_VERBS
+    from scheduler_hooks.extender.server import KUBE_VERBS, VOLCANO_VERBS
 
     deploy = REPO / "deploy" / "hooks"
     documents = [

@@ -44,7 +44,7 @@ async def serve(settings: Settings, *, dry_run: bool, stop: asyncio.Event | None
     """Run until ``stop`` is set (or a signal); ``api`` overrides the Kubernetes client (tests)."""
     from kubernetes.config import ConfigException
 
-    from scheduler_hooks.feeds import (
+    from scheduler_hooks.cluster.feeds import (
         Feed,
         KafkaFeed,
         TenantsFileFeed,
@@ -54,8 +54,8 @@ async def serve(settings: Settings, *, dry_run: bool, stop: asyncio.Event | None
         start_all,
         stop_all,
     )
-    from scheduler_hooks.server import HooksServer, freeze_heap, server_ssl_context
-    from scheduler_hooks.state import HooksState
+    from scheduler_hooks.cluster.state import HooksState
+    from scheduler_hooks.extender.server import HooksServer, freeze_heap, server_ssl_context
 
     hooks = settings.hooks
     tenants = load_tenants(settings.tenants)  # a bad file is exit 2 before anything starts
@@ -88,7 +88,7 @@ async def serve(settings: Settings, *, dry_run: bool, stop: asyncio.Event | None
     print(f"gpumeter hooks: extender on {server.url}{' (actuator dry run)' if dry_run else ''}; "
           f"loading {', '.join(state.waiting_for)}", file=sys.stderr, flush=True)
 
-    from scheduler_hooks.actuator import Actuator
+    from scheduler_hooks.actuator.service import Actuator
 
     actuator = Actuator.from_settings(settings, dry_run=dry_run)
     tasks = [

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology
-from scheduler_hooks.placement import PlacementIndex
+from scheduler_hooks.cluster.placement import PlacementIndex
 
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 GPU = "nvidia.com/gpu"

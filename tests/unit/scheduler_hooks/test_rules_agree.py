@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from collectors.agent.podmeta import pod_info
-from scheduler_hooks.kube_objects import namespace_tenant as actuator_tenant
-from scheduler_hooks.kube_objects import node_view, pod_view
-from scheduler_hooks.state import namespace_tenant as extender_tenant
-from scheduler_hooks.state import watched_node, watched_pod
-from scheduler_hooks.wire_kube import pod_request
+from scheduler_hooks.cluster.kube_objects import namespace_tenant as actuator_tenant
+from scheduler_hooks.cluster.kube_objects import node_view, pod_view
+from scheduler_hooks.cluster.state import namespace_tenant as extender_tenant
+from scheduler_hooks.cluster.state import watched_node, watched_pod
+from scheduler_hooks.extender.wire_kube import pod_request
 
 GPU = "nvidia.com/gpu"
 

@@ -20,7 +20,7 @@ from collectors.sim.fleet import FleetConfig, SimulatedFleet, TenantSpec
 from collectors.sim.hardware import GPU_SPECS, PcieLayout, node_topology
 from gpumeter.core import jsonio
 from gpumeter.core.models import NodeAllocation, NodeTopology
-from scheduler_hooks.placement import NodeGpus, best_set
+from scheduler_hooks.cluster.placement import NodeGpus, best_set
 
 START = datetime(2026, 10, 30, tzinfo=UTC)
 EVERY_MODEL = {
@@ -194,7 +194,7 @@ def test_plx_tree_keeps_a_job_inside_one_switch_tree() -> None:
 
 def test_the_fleet_picks_what_the_extender_assumes_the_device_plugin_picks() -> None:
     """Every free subset of every layout, every k: the fleet's choice is the set
-    scheduler_hooks.placement.best_set predicts (an independent implementation)."""
+    scheduler_hooks.cluster.placement.best_set predicts (an independent implementation)."""
     # The link layouts only: the fleet's MIG-mode GPUs (never whole-GPU candidates) are compared too.
     topologies = [
         topology.model_copy(

@@ -27,8 +27,8 @@ from decimal import Decimal
 from gpumeter.core.kube import SPOT_NODE_LABELS
 from gpumeter.core.money import exact
 from quota.victims import spot_reclaim
-from scheduler_hooks.actuation import RECLAIM_PREFIX
-from scheduler_hooks.kube_objects import NodeView, PodView
+from scheduler_hooks.actuator.plan import RECLAIM_PREFIX
+from scheduler_hooks.cluster.kube_objects import NodeView, PodView
 
 _ZERO = Decimal(0)
 _FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)

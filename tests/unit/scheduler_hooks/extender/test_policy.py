@@ -9,8 +9,8 @@ from decimal import Decimal
 
 import pytest
 
-from scheduler_hooks.placement import PlacementIndex
-from scheduler_hooks.policy import (
+from scheduler_hooks.cluster.placement import PlacementIndex
+from scheduler_hooks.extender.policy import (
     ABSTAIN,
     CODE_SUCCESS,
     CODE_UNSCHEDULABLE,

@@ -31,7 +31,7 @@ from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS as PREEMPTIONS_TOPIC
 from gpumeter.infra import clickhouse
 from gpumeter.infra.schema import PREEMPTIONS
-from scheduler_hooks.actuation import backoff_seconds
+from scheduler_hooks.actuator.plan import backoff_seconds
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -30,8 +30,8 @@ from typing import Any
 
 from gpumeter.core import kube
 from gpumeter.core.kube import GPU_RESOURCE
-from scheduler_hooks.json_pieces import REQUESTED_PIECES, json_string_list
-from scheduler_hooks.policy import FilterResult, PodRequest, Policy
+from scheduler_hooks.cluster.json_pieces import REQUESTED_PIECES, json_string_list
+from scheduler_hooks.extender.policy import FilterResult, PodRequest, Policy
 
 
 class WireError(ValueError):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpumeter.core.settings import Settings
-from scheduler_hooks import record_sink
+from scheduler_hooks.actuator import records
 
 
 class FakeClient:
@@ -32,11 +32,11 @@ def test_reads_for_different_tenants_run_at_the_same_time(monkeypatch: pytest.Mo
         both_inside.wait()
         return {f"{tenant}/{cause}"}
 
-    monkeypatch.setattr(record_sink.clickhouse, "connect", lambda dsn: FakeClient())
-    monkeypatch.setattr(record_sink, "_select_ids", select_ids)
+    monkeypatch.setattr(records.clickhouse, "connect", lambda dsn: FakeClient())
+    monkeypatch.setattr(records, "_select_ids", select_ids)
 
     async def run() -> list[set[str] | None]:
-        sink = record_sink.RecordSink(Settings())
+        sink = records.RecordSink(Settings())
         try:
             # Bounded so that reads which cannot overlap fail the test instead of retrying for ever.
             both = asyncio.gather(sink.recorded("team-a", "e1"), sink.recorded("team-b", "e2"))

@@ -22,8 +22,8 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpumeter.core import jsonio
-from scheduler_hooks.actuation import eviction_body
-from scheduler_hooks.kube_objects import PodView, rfc3339
+from scheduler_hooks.actuator.plan import eviction_body
+from scheduler_hooks.cluster.kube_objects import PodView, rfc3339
 
 log = logging.getLogger(__name__)
 

@@ -77,7 +77,8 @@ from gpumeter.core.models import PreemptionAction, QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy, TenantsFile, load_tenants
 from gpumeter.core.topics import QUOTA_EVENTS
-from scheduler_hooks.actuation import (
+from scheduler_hooks.actuator.kube_gateway import JSON_PATCH, MERGE_PATCH, KubeGateway
+from scheduler_hooks.actuator.plan import (
     BLOCKING,
     RECLAIM_PREFIX,
     PreemptionPlan,
@@ -93,9 +94,11 @@ from scheduler_hooks.actuation import (
     superseded,
     withdraw_patch,
 )
-from scheduler_hooks.feeds import kube_api_client
-from scheduler_hooks.kube_gateway import JSON_PATCH, MERGE_PATCH, KubeGateway
-from scheduler_hooks.kube_objects import (
+from scheduler_hooks.actuator.reclaim import Reclaim, plan_spot_reclaim, qualifies
+from scheduler_hooks.actuator.records import RecordSink
+from scheduler_hooks.actuator.volcano_queues import QueueChange, VolcanoQueues
+from scheduler_hooks.cluster.feeds import kube_api_client
+from scheduler_hooks.cluster.kube_objects import (
     Notice,
     PodView,
     namespace_tenants,
@@ -103,9 +106,6 @@ from scheduler_hooks.kube_objects import (
     pod_view,
     rfc3339,
 )
-from scheduler_hooks.reclaim import Reclaim, plan_spot_reclaim, qualifies
-from scheduler_hooks.record_sink import RecordSink
-from scheduler_hooks.volcano_queues import QueueChange, VolcanoQueues
 
 log = logging.getLogger("gpumeter.actuator")
 T = TypeVar("T")

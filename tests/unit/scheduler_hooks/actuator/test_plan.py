@@ -18,7 +18,7 @@ import pytest
 from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy
-from scheduler_hooks.actuation import (
+from scheduler_hooks.actuator.plan import (
     backoff_seconds,
     blocked_after,
     classify_eviction,
@@ -32,8 +32,10 @@ from scheduler_hooks.actuation import (
     superseded,
     withdraw_patch,
 )
-from scheduler_hooks.actuator import OffsetTracker, TenantsSource
-from scheduler_hooks.kube_objects import (
+from scheduler_hooks.actuator.reclaim import excludes_spot, node_allows, plan_spot_reclaim
+from scheduler_hooks.actuator.service import OffsetTracker, TenantsSource
+from scheduler_hooks.actuator.volcano_queues import blocked_on, gpu_capability, queue_manifest, spec_patch
+from scheduler_hooks.cluster.kube_objects import (
     NodeView,
     Notice,
     PodView,
@@ -43,8 +45,6 @@ from scheduler_hooks.kube_objects import (
     parse_notice,
     pod_view,
 )
-from scheduler_hooks.reclaim import excludes_spot, node_allows, plan_spot_reclaim
-from scheduler_hooks.volcano_queues import blocked_on, gpu_capability, queue_manifest, spec_patch
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 TENANT = "team-a"

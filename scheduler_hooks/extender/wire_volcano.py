@@ -26,8 +26,8 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter.core.kube import GPU_RESOURCE
-from scheduler_hooks.policy import PERMIT, PodRequest, Policy, Victim
-from scheduler_hooks.wire_kube import (
+from scheduler_hooks.extender.policy import PERMIT, PodRequest, Policy, Victim
+from scheduler_hooks.extender.wire_kube import (
     WireError,
     as_int,
     as_list,

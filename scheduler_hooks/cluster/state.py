@@ -46,9 +46,15 @@ from gpumeter.core import kube
 from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantsFile
-from scheduler_hooks.placement import NodeGpus, PlacementIndex, best_set, replica_pick, time_sliced_units
-from scheduler_hooks.policy import ClusterView, KnownPod, Policy, is_protected
-from scheduler_hooks.wire_kube import WireError, gpu_count, pod_gpus
+from scheduler_hooks.cluster.placement import (
+    NodeGpus,
+    PlacementIndex,
+    best_set,
+    replica_pick,
+    time_sliced_units,
+)
+from scheduler_hooks.extender.policy import ClusterView, KnownPod, Policy, is_protected
+from scheduler_hooks.extender.wire_kube import WireError, gpu_count, pod_gpus
 
 BLOCKING = ("block", "preempt")
 METRIC_ORDER = ("gpu_hours", "spend", "max_gpus")  # the metric a refusal names, when several

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gpumeter.core import jsonio
-from scheduler_hooks.policy import ClusterView, KnownPod, Policy
-from scheduler_hooks.wire_kube import (
+from scheduler_hooks.extender.policy import ClusterView, KnownPod, Policy
+from scheduler_hooks.extender.wire_kube import (
     WireError,
     filter_error,
     handle_filter,

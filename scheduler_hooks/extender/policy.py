@@ -35,8 +35,8 @@ from typing import cast
 from gpumeter.core import kube
 
 # capacity_message (the filter's FailedNodes reason) is worded where the fit tables store it.
-from scheduler_hooks.placement import NEUTRAL_SCORE, FitTable, PlacementIndex
-from scheduler_hooks.placement import capacity_message as capacity_message
+from scheduler_hooks.cluster.placement import NEUTRAL_SCORE, FitTable, PlacementIndex
+from scheduler_hooks.cluster.placement import capacity_message as capacity_message
 
 QUEUE_PREFIX = "gpumeter-"
 

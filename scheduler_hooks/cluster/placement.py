@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from gpumeter.core.kube import schedulable_units
 from gpumeter.core.models import NodeAllocation, NodeTopology
-from scheduler_hooks.json_pieces import KnownHosts, failed_piece, host_piece
+from scheduler_hooks.cluster.json_pieces import KnownHosts, failed_piece, host_piece
 
 MAX_SCORE = 10
 NEUTRAL_SCORE = 5

@@ -45,8 +45,8 @@ from gpumeter.core.models import NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.tenants import load_tenants
 from gpumeter.infra import kafka as gkafka
-from scheduler_hooks import state as sources
-from scheduler_hooks.state import HooksState, namespace_tenant, watched_node, watched_pod
+from scheduler_hooks.cluster import state as sources
+from scheduler_hooks.cluster.state import HooksState, namespace_tenant, watched_node, watched_pod
 
 log = logging.getLogger(__name__)
 

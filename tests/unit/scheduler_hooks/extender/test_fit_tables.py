@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scheduler_hooks.json_pieces import HostPieces
-from scheduler_hooks.placement import PlacementIndex
-from scheduler_hooks.policy import ClusterView, PodRequest, Policy
-from scheduler_hooks.state import HooksState, WatchedNode, WatchedPod
-from scheduler_hooks.wire_kube import (
+from scheduler_hooks.cluster.json_pieces import HostPieces
+from scheduler_hooks.cluster.placement import PlacementIndex
+from scheduler_hooks.cluster.state import HooksState, WatchedNode, WatchedPod
+from scheduler_hooks.extender.policy import ClusterView, PodRequest, Policy
+from scheduler_hooks.extender.wire_kube import (
     encode_host_priorities,
     handle_filter,
     handle_filter_encoded,

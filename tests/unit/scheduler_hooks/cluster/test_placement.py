@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from gpumeter.core.models import NodeTopology
-from scheduler_hooks.placement import (
+from scheduler_hooks.cluster.placement import (
     NEUTRAL_SCORE,
     NODE,
     PHB,

@@ -46,10 +46,10 @@ from prometheus_client import (
 )
 
 from gpumeter.core.config_files import ConfigError
-from scheduler_hooks import wire_kube, wire_volcano
-from scheduler_hooks.policy import Policy
-from scheduler_hooks.state import HooksState
-from scheduler_hooks.wire_kube import WireError
+from scheduler_hooks.cluster.state import HooksState
+from scheduler_hooks.extender import wire_kube, wire_volcano
+from scheduler_hooks.extender.policy import Policy
+from scheduler_hooks.extender.wire_kube import WireError
 
 log = logging.getLogger(__name__)
 

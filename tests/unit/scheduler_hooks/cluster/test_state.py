@@ -13,7 +13,7 @@ import pytest
 
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
-from scheduler_hooks.state import (
+from scheduler_hooks.cluster.state import (
     HooksState,
     WatchedNode,
     WatchedPod,

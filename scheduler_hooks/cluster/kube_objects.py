@@ -30,7 +30,7 @@ from typing import Any
 from gpumeter.core import jsonio, kube
 from gpumeter.core.models import CapacityType
 from quota.victims import Candidate
-from scheduler_hooks.policy import is_protected
+from scheduler_hooks.extender.policy import is_protected
 
 _ZERO = Decimal(0)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
