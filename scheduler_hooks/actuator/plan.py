@@ -30,8 +30,7 @@ from gpumeter.core.models import PreemptionAction, PreemptionRecord, QuotaEvent
 from gpumeter.core.money import exact
 from gpumeter.core.tenants import TenantPolicy
 from quota.victims import eviction_order, select_victims
-from scheduler_hooks.cluster.kube_objects import Notice, PodView
-from scheduler_hooks.extender.policy import quota_message
+from scheduler_hooks.cluster.kube_objects import Notice, PodView, quota_message
 
 RECLAIM_PREFIX = "spot-reclaim:"
 # on_exceed values that block a tenant (contract 4): its Volcano queue closes while blocked.

@@ -40,7 +40,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, GPU_RESOURCE, TENANT_LABEL, parse_quantity
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
-from scheduler_hooks.extender.policy import QUEUE_PREFIX
+from scheduler_hooks.cluster.kube_objects import QUEUE_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,7 @@
-"""Pods, nodes and namespaces as the actuator needs them: values read from API JSON (pure).
+"""Pods, nodes and namespaces as the actuator needs them: values read from API JSON (pure);
+and what the extender and the actuator both apply to Kubernetes objects beyond the names and
+rules of ``gpumeter.core.kube`` (a tenant's Volcano queue, the protected annotation's reading,
+the quota message).
 
 The actuator lists objects from the API server as JSON (camelCase keys, exactly what the
 server sent) and turns them into small frozen values here, so every decision about them is
@@ -30,10 +33,21 @@ from typing import Any
 from gpumeter.core import jsonio, kube
 from gpumeter.core.models import CapacityType
 from quota.victims import Candidate
-from scheduler_hooks.extender.policy import is_protected
+
+QUEUE_PREFIX = "gpumeter-"  # a tenant's Volcano queue is gpumeter-<tenant>
 
 _ZERO = Decimal(0)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def is_protected(annotations: Mapping[str, str]) -> bool:
+    return annotations.get(kube.PROTECTED_ANNOTATION, "").strip().lower() == "true"
+
+
+def quota_message(tenant: str, metric: str, detail: str = "") -> str:
+    """Contract 6: starts exactly ``gpumeter: tenant <tenant> over <metric> quota``."""
+    base = f"gpumeter: tenant {tenant} over {metric} quota"
+    return f"{base}: {detail}" if detail else base
 
 
 def namespace_tenant(namespace: Mapping[str, Any]) -> str:

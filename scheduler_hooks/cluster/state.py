@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -46,6 +46,8 @@ from gpumeter.core import kube
 from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantsFile
+from scheduler_hooks.cluster.kube_json import WireError, gpu_count, pod_gpus
+from scheduler_hooks.cluster.kube_objects import is_protected
 from scheduler_hooks.cluster.placement import (
     NodeGpus,
     PlacementIndex,
@@ -53,8 +55,6 @@ from scheduler_hooks.cluster.placement import (
     replica_pick,
     time_sliced_units,
 )
-from scheduler_hooks.extender.policy import ClusterView, KnownPod, Policy, is_protected
-from scheduler_hooks.extender.wire_kube import WireError, gpu_count, pod_gpus
 
 BLOCKING = ("block", "preempt")
 METRIC_ORDER = ("gpu_hours", "spend", "max_gpus")  # the metric a refusal names, when several
@@ -173,6 +173,47 @@ def namespace_tenant(obj: Mapping[str, Any]) -> tuple[str, str] | None:
 # -- the state ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class KnownPod:
+    """A running pod the hooks watch, keyed by UID in the view."""
+
+    uid: str
+    tenant: str
+    gpus: Decimal = Decimal(0)
+    capacity_type: str = "on-demand"
+    priority: int = 0
+    protected: bool = False
+    started_at: datetime | None = None
+
+    @property
+    def spot(self) -> bool:
+        return self.capacity_type == "spot"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """Snapshot of quota state, placement and pods; values in, never mutated by the policy."""
+
+    placement: PlacementIndex = field(default_factory=PlacementIndex)
+    blocked: Mapping[str, str] = field(default_factory=dict)  # tenant -> metric it is blocked on
+    max_gpus: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> limit
+    gpus_held: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> GPUs held now
+    namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # from the namespace label
+    pods: Mapping[str, KnownPod] = field(default_factory=dict)  # uid -> pod
+
+    def tenant_of(self, namespace: str) -> str:
+        """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
+        tenant = self.namespace_tenants.get(namespace)
+        return tenant if tenant is not None else kube.tenant_of_namespace(namespace)
+
+    def over_quota(self, tenant: str) -> bool:
+        """Blocked on any metric, or holding more GPUs than its max_gpus."""
+        if tenant in self.blocked:
+            return True
+        limit = self.max_gpus.get(tenant)
+        return limit is not None and self.gpus_held.get(tenant, Decimal(0)) > limit
+
+
 class HooksState:
     """Quota, tenants, pods and placement as the policy reads them (module docstring)."""
 
@@ -191,7 +232,6 @@ class HooksState:
             namespace_tenants=self.namespace_tenants,
             pods=self.pods,
         )
-        self.policy = Policy(self.view)
         self._tenants = TenantsFile()
         self._exceeded: dict[str, dict[tuple[str, str], QuotaEvent]] = {}
         self._seen_events: set[str] = set()

@@ -28,27 +28,21 @@ import itertools
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 from typing import cast
 
-from gpumeter.core import kube
+from scheduler_hooks.cluster.kube_objects import QUEUE_PREFIX, is_protected, quota_message
 
 # capacity_message (the filter's FailedNodes reason) is worded where the fit tables store it.
-from scheduler_hooks.cluster.placement import NEUTRAL_SCORE, FitTable, PlacementIndex
+from scheduler_hooks.cluster.placement import NEUTRAL_SCORE, FitTable
 from scheduler_hooks.cluster.placement import capacity_message as capacity_message
-
-QUEUE_PREFIX = "gpumeter-"
+from scheduler_hooks.cluster.state import ClusterView
 
 # Volcano predicate codes (pkg/scheduler/api status codes) and vote values (plugins/util).
 CODE_SUCCESS = 0
 CODE_UNSCHEDULABLE = 2
 CODE_UNSCHEDULABLE_AND_UNRESOLVABLE = 3
 PERMIT, ABSTAIN, REJECT = 1, 0, -1
-
-
-def is_protected(annotations: Mapping[str, str]) -> bool:
-    return annotations.get(kube.PROTECTED_ANNOTATION, "").strip().lower() == "true"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,53 +59,6 @@ class PodRequest:
     @property
     def protected(self) -> bool:
         return is_protected(self.annotations)
-
-
-@dataclass(frozen=True, slots=True)
-class KnownPod:
-    """A running pod the hooks watch, keyed by UID in the view."""
-
-    uid: str
-    tenant: str
-    gpus: Decimal = Decimal(0)
-    capacity_type: str = "on-demand"
-    priority: int = 0
-    protected: bool = False
-    started_at: datetime | None = None
-
-    @property
-    def spot(self) -> bool:
-        return self.capacity_type == "spot"
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    """Snapshot of quota state, placement and pods; values in, never mutated by the policy."""
-
-    placement: PlacementIndex = field(default_factory=PlacementIndex)
-    blocked: Mapping[str, str] = field(default_factory=dict)  # tenant -> metric it is blocked on
-    max_gpus: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> limit
-    gpus_held: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> GPUs held now
-    namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # from the namespace label
-    pods: Mapping[str, KnownPod] = field(default_factory=dict)  # uid -> pod
-
-    def tenant_of(self, namespace: str) -> str:
-        """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
-        tenant = self.namespace_tenants.get(namespace)
-        return tenant if tenant is not None else kube.tenant_of_namespace(namespace)
-
-    def over_quota(self, tenant: str) -> bool:
-        """Blocked on any metric, or holding more GPUs than its max_gpus."""
-        if tenant in self.blocked:
-            return True
-        limit = self.max_gpus.get(tenant)
-        return limit is not None and self.gpus_held.get(tenant, Decimal(0)) > limit
-
-
-def quota_message(tenant: str, metric: str, detail: str = "") -> str:
-    """Contract 6: starts exactly ``gpumeter: tenant <tenant> over <metric> quota``."""
-    base = f"gpumeter: tenant {tenant} over {metric} quota"
-    return f"{base}: {detail}" if detail else base
 
 
 @dataclass(frozen=True, slots=True)

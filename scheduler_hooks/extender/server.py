@@ -46,10 +46,10 @@ from prometheus_client import (
 )
 
 from gpumeter.core.config_files import ConfigError
+from scheduler_hooks.cluster.kube_json import WireError
 from scheduler_hooks.cluster.state import HooksState
 from scheduler_hooks.extender import wire_kube, wire_volcano
 from scheduler_hooks.extender.policy import Policy
-from scheduler_hooks.extender.wire_kube import WireError
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +181,11 @@ def build_app(state: HooksState, metrics: HooksMetrics | None = None) -> web.App
         return response
 
     app = web.Application(middlewares=[instrument], client_max_size=MAX_BODY_BYTES)
+    policy = Policy(state.view)  # the view is live: built once over the state's own dicts
     for prefix, verbs in (("kube", KUBE_VERBS), ("volcano", VOLCANO_VERBS)):
         for verb, handler in verbs.items():
-            app.router.add_post(f"/{prefix}/{verb}", _verb_handler(state, handler), name=f"{prefix}.{verb}")
+            app.router.add_post(f"/{prefix}/{verb}", _verb_handler(state, policy, handler),
+                                name=f"{prefix}.{verb}")
 
     async def healthz(request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
@@ -204,7 +206,8 @@ def build_app(state: HooksState, metrics: HooksMetrics | None = None) -> web.App
     return app
 
 
-def _verb_handler(state: HooksState, handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+def _verb_handler(state: HooksState, policy: Policy,
+                  handler: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         length = request.content_length
         if length is not None and length > MAX_BODY_BYTES:
@@ -213,7 +216,7 @@ def _verb_handler(state: HooksState, handler: Handler) -> Callable[[web.Request]
         if not state.ready:
             return error_response(503, "not ready: state still loading", waiting_for=state.waiting_for)
         try:
-            answer = handler(decode(body), state.policy)
+            answer = handler(decode(body), policy)
         except BadRequest as exc:
             return error_response(400, exc.reason)
         except WireError as exc:

@@ -26,8 +26,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter.core.kube import GPU_RESOURCE
-from scheduler_hooks.extender.policy import PERMIT, PodRequest, Policy, Victim
-from scheduler_hooks.extender.wire_kube import (
+from scheduler_hooks.cluster.kube_json import (
     WireError,
     as_int,
     as_list,
@@ -36,8 +35,9 @@ from scheduler_hooks.extender.wire_kube import (
     as_str,
     get,
     gpu_count,
-    pod_request,
 )
+from scheduler_hooks.extender.policy import PERMIT, PodRequest, Policy, Victim
+from scheduler_hooks.extender.wire_kube import pod_request
 
 MILLI_PER_GPU = 1000
 SCORE_SCALE = 10  # 0..10 policy scores become 0..100, the range of Volcano's node-order scores

@@ -14,8 +14,8 @@ from typing import Any
 
 from scheduler_hooks.cluster.json_pieces import HostPieces
 from scheduler_hooks.cluster.placement import PlacementIndex
-from scheduler_hooks.cluster.state import HooksState, WatchedNode, WatchedPod
-from scheduler_hooks.extender.policy import ClusterView, PodRequest, Policy
+from scheduler_hooks.cluster.state import ClusterView, HooksState, WatchedNode, WatchedPod
+from scheduler_hooks.extender.policy import PodRequest, Policy
 from scheduler_hooks.extender.wire_kube import (
     encode_host_priorities,
     handle_filter,
@@ -113,7 +113,7 @@ def test_pods_bound_and_gone_update_the_tables() -> None:
     state.upsert_pod(pod("new", node="h", gpus=2))  # bound since the agent's record: 2 left
     assert answer(index, "h", 4) == (0, short(2, 4))
     assert answer(index, "h", 2) == (10, None)
-    filtered = state.policy.filter(PodRequest("ns-a", "p", "u", gpus=4), ["h", "elsewhere"])
+    filtered = Policy(state.view).filter(PodRequest("ns-a", "p", "u", gpus=4), ["h", "elsewhere"])
     assert (filtered.passed, filtered.failed) == (["elsewhere"], {"h": short(2, 4)})
     state.delete_pod("new")
     assert answer(index, "h", 4) == (10, None)

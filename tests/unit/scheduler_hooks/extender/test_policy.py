@@ -9,19 +9,18 @@ from decimal import Decimal
 
 import pytest
 
+from scheduler_hooks.cluster.kube_objects import quota_message
 from scheduler_hooks.cluster.placement import PlacementIndex
+from scheduler_hooks.cluster.state import ClusterView, KnownPod
 from scheduler_hooks.extender.policy import (
     ABSTAIN,
     CODE_SUCCESS,
     CODE_UNSCHEDULABLE,
     CODE_UNSCHEDULABLE_AND_UNRESOLVABLE,
     REJECT,
-    ClusterView,
-    KnownPod,
     PodRequest,
     Policy,
     Victim,
-    quota_message,
 )
 from tests.unit.scheduler_hooks.builders import SAMPLE_NODES, sample_placement
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from gpumeter.core import jsonio
-from scheduler_hooks.extender.policy import ClusterView, KnownPod, Policy
-from scheduler_hooks.extender.wire_kube import WireError
+from scheduler_hooks.cluster.kube_json import WireError
+from scheduler_hooks.cluster.state import ClusterView, KnownPod
+from scheduler_hooks.extender.policy import Policy
 from scheduler_hooks.extender.wire_volcano import (
     handle_job_enqueueable,
     handle_job_ready,
