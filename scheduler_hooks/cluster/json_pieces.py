@@ -1,8 +1,8 @@
 """Pieces of the kube extender's JSON answers, encoded once per node instead of per request.
 
-A 5,000-node filter or prioritize answer is thousands of small JSON fragments that change only
-when a node's allocation does. The fit tables (``placement.FitTable``) keep each node's
-fragment next to its score and reason, updated with them, so a request joins ready bytes in C
+A 5,000-node prioritize answer is thousands of small JSON fragments that change only when a
+node's allocation does. The fit tables (``placement.FitTable``) keep each node's fragment
+next to its score, updated with it, so a request joins ready bytes in C
 instead of building a dict per node and encoding it. The fragments are exactly what orjson
 writes for the same values; names orjson refuses (a lone surrogate from a ``\\ud800`` escape)
 are written by the standard library instead, as the plain path does.
@@ -23,22 +23,9 @@ def json_string(text: str) -> bytes:
         return json.dumps(text).encode()
 
 
-def json_string_list(texts: list[str]) -> bytes:
-    """``texts`` as a JSON array of strings, as orjson writes it."""
-    try:
-        return orjson.dumps(texts)
-    except TypeError:
-        return json.dumps(texts, separators=(",", ":")).encode()
-
-
 def host_piece(name: str, score: int) -> bytes:
     """One HostPriority: ``{"Host":<name>,"Score":<score>}``."""
     return b'{"Host":' + json_string(name) + b',"Score":' + str(score).encode() + b"}"
-
-
-def failed_piece(name: str, reason: str) -> bytes:
-    """One FailedNodes entry: ``<name>:<reason>`` (a member of a JSON object)."""
-    return json_string(name) + b":" + json_string(reason)
 
 
 class HostPieces(dict[str, bytes]):

@@ -60,7 +60,7 @@ MAX_BODY_LABEL = "16 MiB"
 Handler = Callable[[Any, Policy], Any]
 
 KUBE_VERBS: dict[str, Handler] = {
-    "filter": wire_kube.handle_filter_encoded,
+    "filter": wire_kube.handle_filter,
     "prioritize": wire_kube.handle_prioritize_encoded,
     "preempt": wire_kube.handle_preempt,
 }

@@ -19,13 +19,12 @@ null). Malformed shapes raise ``WireError``; the HTTP layer answers 400 with its
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler_hooks.cluster.json_pieces import REQUESTED_PIECES, json_string_list
+from scheduler_hooks.cluster.json_pieces import REQUESTED_PIECES
 from scheduler_hooks.cluster.kube_json import (
     WireError,
     as_int,
@@ -156,30 +155,6 @@ def handle_filter(document: Any, policy: Policy) -> dict[str, Any]:
     args = parse_extender_args(document)
     # node_names repeats a name only when NodeNames alone did: filter_result wants them kept.
     return filter_result(args, policy.filter(args.pod, args.node_names, distinct=False))
-
-
-def handle_filter_encoded(document: Any, policy: Policy) -> bytes | dict[str, Any]:
-    """``handle_filter``, already JSON-encoded on the hot path (NodeNames alone, a GPU pod placement
-    applies to): the answer joined from the fit table's FailedNodes pieces, the same JSON as the
-    plain path in about a third of its time at 5,000 names. Other requests answer the plain way."""
-    args = parse_extender_args(document)
-    table = policy.fit_table(args.pod)
-    names = args.sent_names
-    if table is None or names is None or args.sent_nodes is not None:
-        return filter_result(args, policy.filter(args.pod, args.node_names, distinct=False))
-    failures = list(map(table.failures.get, names))  # None: the node fits (or is unknown)
-    if failures.count(None) == len(failures):
-        passed, failed = names, b""
-    else:
-        passed = list(itertools.compress(names, map(operator.is_, failures, itertools.repeat(None))))
-        # A failing name sent twice is a FailedNodes member twice, with the same reason: a JSON
-        # object decoder (Go's into FailedNodesMap included) keeps one, as the plain answer's dict
-        # does; folding them here would cost a hash per failure on every request, and the
-        # scheduler never repeats a name.
-        failed = b",".join(filter(None, failures))
-    # One join: chained + would copy the ~180 KB answer once per piece.
-    return b"".join((b'{"Nodes":null,"NodeNames":', json_string_list(passed), b',"FailedNodes":{', failed,
-                     b'},"FailedAndUnresolvableNodes":{},"Error":""}'))
 
 
 def handle_prioritize(document: Any, policy: Policy) -> list[dict[str, Any]]:

@@ -1,5 +1,5 @@
-"""Fit tables (the extender's per-GPU-count answers) stay current, and the fast wire paths
-answer what the plain ones did.
+"""Fit tables (the extender's per-GPU-count answers) stay current, the filter answers from
+them, and the encoded prioritize answers what the plain one does.
 
 Expected scores are worked out by hand from placement's module docstring, case by case:
 for k >= 2 on an all-NVLink node, 6 + int(4 x (min(n, 18) / 18 + k / free) / 2 + 0.5);
@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from scheduler_hooks.cluster.json_pieces import HostPieces
+from scheduler_hooks.cluster.kube_objects import quota_message
 from scheduler_hooks.cluster.placement import PlacementIndex
 from scheduler_hooks.cluster.state import ClusterView, HooksState, WatchedNode, WatchedPod
 from scheduler_hooks.extender.policy import PodRequest, Policy
+from scheduler_hooks.extender.server import encode
 from scheduler_hooks.extender.wire_kube import (
     encode_host_priorities,
     handle_filter,
-    handle_filter_encoded,
     handle_prioritize,
     handle_prioritize_encoded,
 )
@@ -33,16 +36,14 @@ def short(free: int, k: int) -> str:
 def answer(index: PlacementIndex, node: str, k: int) -> tuple[int | None, str | None]:
     """(score, failure reason) of one node in the fit table of k; (None, None) when absent.
 
-    Also checks the table's JSON pieces say the same: the host piece carries the score (an
-    absent node answers the neutral 5 without being stored), the failure piece the reason.
+    Also checks the table's host piece says the same: it carries the score (an absent node
+    answers the neutral 5 without being stored).
     """
     table = index.fit(k)
     score, reason = table.scores.get(node), table.short.get(node)
     shown = 5 if score is None else score
     assert table.hosts[node] == b'{"Host":"%s","Score":%d}' % (node.encode(), shown)
     assert (node in table.hosts) == (score is not None)
-    expected_failure = None if reason is None else b'"%s":"%s"' % (node.encode(), reason.encode())
-    assert table.failures.get(node) == expected_failure
     return score, reason
 
 
@@ -159,7 +160,7 @@ def test_prioritize_columns_name_each_node_once() -> None:
     assert POLICY.prioritize_columns(refused, REPEATED) == (["l40s-b", "h100-a", "mystery"], [0, 0, 0])
 
 
-# -- wire: the encoded paths -----------------------------------------------------------------
+# -- wire: filter and the encoded prioritize ---------------------------------------------------
 
 
 def extender_args(names: list[str], namespace: str = "team-a") -> dict[str, Any]:
@@ -173,43 +174,59 @@ def test_filter_answer_lists_a_repeated_name_as_often_as_sent() -> None:
     assert answer_["Nodes"] is None
 
 
-FILTER_CASES = {
-    "some fail": (["l40s-b", "h100-a", "mystery", "l40s-a"], "team-a", 2),
-    "all pass": (["h100-a", "h100-b", "mystery"], "team-a", 2),
-    "all fail": (["l40s-b", "h100-a"], "team-a", 4),
-    "repeats": (REPEATED, "team-a", 2),
-    "escapes": (['quo"te', "\u00fc-node", "\ud800x", "l40s-b", "back\\slash"], "team-a", 2),
-    "refused tenant": (["l40s-b", "h100-a"], "team-b", 2),
-    "no names": ([], "team-a", 2),
-    "pod without GPUs": (["l40s-b", "h100-a"], "team-a", 0),
-}
+ESCAPED = ['quo"te', "\u00fc-node", "\ud800x", "l40s-b", "back\\slash"]
+REFUSED = quota_message("team-b", "gpu_hours")
 
 
-def test_encoded_filter_answers_what_the_plain_filter_does() -> None:
-    for case, (names, namespace, gpus) in FILTER_CASES.items():
-        document = {"Pod": pod_json(namespace=namespace, gpus=gpus), "Nodes": None, "NodeNames": names}
-        encoded = handle_filter_encoded(document, POLICY)
-        decoded = json.loads(encoded) if isinstance(encoded, bytes) else encoded
-        assert decoded == handle_filter(document, POLICY), case
+# (names, namespace, GPUs) -> (NodeNames, FailedNodes, FailedAndUnresolvableNodes), from
+# sample_placement: h100-a 2 free, h100-b 8, l40s-a 4, l40s-b 1, mystery unknown (passes);
+# team-b is blocked on gpu_hours.
+@pytest.mark.parametrize(("names", "namespace", "gpus", "expected"), [
+    pytest.param(["l40s-b", "h100-a", "mystery", "l40s-a"], "team-a", 2,
+                 (["h100-a", "mystery", "l40s-a"], {"l40s-b": short(1, 2)}, {}), id="some fail"),
+    pytest.param(["h100-a", "h100-b", "mystery"], "team-a", 2,
+                 (["h100-a", "h100-b", "mystery"], {}, {}), id="all pass"),
+    pytest.param(["l40s-b", "h100-a"], "team-a", 4,
+                 ([], {"l40s-b": short(1, 4), "h100-a": short(2, 4)}, {}), id="all fail"),
+    pytest.param(REPEATED, "team-a", 2,
+                 (["h100-a", "mystery", "h100-a"], {"l40s-b": short(1, 2)}, {}), id="repeats"),
+    pytest.param(ESCAPED, "team-a", 2,
+                 (['quo"te', "\u00fc-node", "\ud800x", "back\\slash"], {"l40s-b": short(1, 2)}, {}),
+                 id="escapes"),
+    pytest.param(["l40s-b", "h100-a"], "team-b", 2,
+                 ([], {}, {"l40s-b": REFUSED, "h100-a": REFUSED}), id="refused tenant"),
+    pytest.param([], "team-a", 2, ([], {}, {}), id="no names"),
+    pytest.param(["l40s-b", "h100-a"], "team-a", 0, (["l40s-b", "h100-a"], {}, {}), id="pod without GPUs"),
+])
+def test_filter_answers_from_the_fit_tables(
+    names: list[str], namespace: str, gpus: int, expected: tuple[list[str], dict[str, str], dict[str, str]]
+) -> None:
+    document = {"Pod": pod_json(namespace=namespace, gpus=gpus), "Nodes": None, "NodeNames": names}
+    passed, failed, unresolvable = expected
+    assert handle_filter(document, POLICY) == {
+        "Nodes": None, "NodeNames": passed, "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": unresolvable, "Error": "",
+    }
 
 
-def test_encoded_filter_is_the_exact_json_of_the_hot_path() -> None:
-    # Written out by hand: h100-a has 2 free, l40s-b 1 free (too few for 2), mystery unknown.
-    document = extender_args(["l40s-b", "h100-a", "mystery", "l40s-b"])
-    assert handle_filter_encoded(document, POLICY) == (
-        b'{"Nodes":null,"NodeNames":["h100-a","mystery"],'
-        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2",'
-        b'"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
+def test_filter_json_as_the_server_sends_it() -> None:
+    # Written out by hand; the lone surrogate makes orjson refuse the answer, so the standard
+    # library writes it (ASCII escapes throughout).
+    document = extender_args(["l40s-b", *ESCAPED[:3], "mystery", "l40s-b"])
+    assert encode(handle_filter(document, POLICY)) == (
+        b'{"Nodes":null,"NodeNames":["quo\\"te","\\u00fc-node","\\ud800x","mystery"],'
+        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
         b'"FailedAndUnresolvableNodes":{},"Error":""}'
     )
 
 
-def test_encoded_filter_with_full_nodes_answers_the_plain_way() -> None:
+def test_filter_with_full_nodes_answers_the_passing_items() -> None:
     items = [{"metadata": {"name": name}} for name in ("l40s-b", "h100-a")]
     document = {"Pod": pod_json(gpus=2), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
-    answer_ = handle_filter_encoded(document, POLICY)
-    assert answer_ == handle_filter(document, POLICY)
-    assert isinstance(answer_, dict) and answer_["Nodes"]["items"] == [items[1]]
+    answer_ = handle_filter(document, POLICY)
+    assert answer_["Nodes"] == {"metadata": {}, "items": [items[1]]}
+    assert answer_["NodeNames"] is None
+    assert answer_["FailedNodes"] == {"l40s-b": short(1, 2)}
 
 
 def test_encoded_priorities_are_the_json_of_the_plain_answer() -> None:
