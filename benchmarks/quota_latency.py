@@ -210,7 +210,8 @@ def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any,
     from kubernetes import config as k8s_config
 
     from scheduler_hooks.actuator.kube_gateway import KubeGateway
-    from scheduler_hooks.actuator.service import Actuator, TenantsSource
+    from scheduler_hooks.actuator.service import Actuator
+    from scheduler_hooks.actuator.tenants_source import TenantsSource
 
     # Stage marks (time.time() per tenant, first occurrence): "fetched" as the consumer hands the
     # event to its tenant's chain, "handled" as handling starts, "evict" as the Eviction call goes out;

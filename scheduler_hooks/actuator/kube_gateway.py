@@ -1,10 +1,12 @@
 """The actuator's calls to the Kubernetes API server: blocking, JSON in and out.
 
 Every read returns the JSON the server sent (``_preload_content=False``), not the client's
-generated models: the pure modules (kube_objects, actuation, reclaim) read plain mappings,
+generated models: the pure modules (kube_objects, plan, reclaim) read plain mappings,
 and skipping model construction keeps a list of thousands of pods cheap. Expected refusals
 come back as HTTP statuses for the caller to decide on (404 gone, 409/422 replaced, 429
-budget); anything else (the server unreachable, 5xx) raises.
+budget); anything else (the server unreachable, 5xx) raises. The bodies sent and the reading
+of the answers (``classify_eviction``: 429 + ``DisruptionBudget`` told apart from API Priority
+and Fairness throttling, also 429) are pure functions at the top.
 
 Credentials as every controller finds them: the in-cluster service account when running
 in a pod, else ``$KUBECONFIG`` / ``~/.kube/config``.
@@ -16,14 +18,14 @@ import logging
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from gpumeter.core import jsonio
-from scheduler_hooks.actuator.plan import eviction_body
-from scheduler_hooks.cluster.kube_objects import PodView, rfc3339
+from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
+from scheduler_hooks.cluster.kube_objects import Notice, PodView, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,78 @@ PAGE = 500
 COMPONENT = "gpumeter-actuator"
 # Seconds a single API call may take before it counts as failed (and is retried by the caller).
 REQUEST_TIMEOUT = 15.0
+
+
+# -- API bodies and answers (pure) ------------------------------------------------------------
+
+
+def _pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def notice_patch(uid: str, notice: Notice) -> dict[str, Any]:
+    """JSON merge patch adding the notice; the uid makes it fail (422) on a same-named new pod."""
+    return {"metadata": {"uid": uid, "annotations": {EVICTION_NOTICE_ANNOTATION: notice.to_annotation()}}}
+
+
+def withdraw_patch(notice_text: str) -> list[dict[str, Any]]:
+    """JSON patch removing the notice only if it is still exactly the one we put there."""
+    path = f"/metadata/annotations/{_pointer(EVICTION_NOTICE_ANNOTATION)}"
+    return [{"op": "test", "path": path, "value": notice_text}, {"op": "remove", "path": path}]
+
+
+def eviction_body(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """policy/v1 Eviction, preconditioned on the uid: never evicts a same-named successor."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    }
+
+
+EvictionOutcome = Literal["evicted", "pdb", "throttled", "gone", "error"]
+
+
+def classify_eviction(status: int, body: str | bytes | None) -> EvictionOutcome:
+    """The Eviction API's answer: 201/200 evicted; 429 with a ``DisruptionBudget`` cause is a
+    PodDisruptionBudget refusal, any other 429 is throttling; 404 (pod gone) and 409 (uid
+    precondition failed: a new pod took the name) mean our pod is no more."""
+    if status in (200, 201):
+        return "evicted"
+    if status == 429:
+        return "pdb" if _disruption_budget(body) else "throttled"
+    if status in (404, 409):
+        return "gone"
+    return "error"
+
+
+def _disruption_budget(body: str | bytes | None) -> bool:
+    if not body:
+        return False
+    try:
+        document = jsonio.loads(body)
+    except jsonio.JSONInputError:
+        return False
+    details = document.get("details") if isinstance(document, dict) else None
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return any(isinstance(c, dict) and c.get("reason") == "DisruptionBudget" for c in causes or ())
+
+
+def status_message(body: str | bytes | None) -> str:
+    """The ``message`` of a Kubernetes Status body, for records and logs (first 300 chars)."""
+    if not body:
+        return ""
+    try:
+        document = jsonio.loads(body)
+    except jsonio.JSONInputError:
+        text = body.decode(errors="replace") if isinstance(body, bytes) else body
+        return text.strip()[:300]
+    message = document.get("message") if isinstance(document, dict) else None
+    return str(message)[:300] if message else ""
+
+
+# -- the calls ------------------------------------------------------------------------------------
 
 
 class KubeGateway:

@@ -21,16 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from gpumeter.core.kube import SPOT_NODE_LABELS
 from gpumeter.core.money import exact
+from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from quota.victims import spot_reclaim
-from scheduler_hooks.actuator.plan import RECLAIM_PREFIX
-from scheduler_hooks.cluster.kube_objects import NodeView, PodView
+from scheduler_hooks.actuator.plan import Victim
+from scheduler_hooks.cluster.kube_objects import NodeView, Notice, PodView
 
+RECLAIM_PREFIX = "spot-reclaim:"  # a reclaim notice's cause: this prefix and the pending pod's uid
 _ZERO = Decimal(0)
+DEFAULT_GRACE = TenantPolicy(tenant="default").grace_seconds
 _FAR_PAST = datetime(1970, 1, 1, tzinfo=UTC)
 _BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -137,3 +140,18 @@ def plan_spot_reclaim(nodes: Iterable[NodeView], pods: Iterable[PodView],
             plans.append(Reclaim(pending, node_name, tuple(victims)))
     return plans
 
+
+def reclaim_victims(plan: Reclaim, tenants: TenantsFile, now: datetime) -> list[Victim]:
+    """The notices of one reclaim: each victim gets its own tenant's grace period."""
+    pending = plan.pending
+    victims = []
+    for pod in plan.victims:
+        policy = tenants.policy(pod.tenant)
+        grace = policy.grace_seconds if policy is not None else DEFAULT_GRACE
+        reason = (f"gpumeter: spot pod reclaimed for {pending.key}, which may not run on spot "
+                  f"capacity and waits for {pending.gpus} GPUs; evicted through the Eviction API "
+                  f"after {grace}s")
+        notice = Notice(cause=plan.cause, reason=reason, deadline=now + timedelta(seconds=grace),
+                        beneficiary=pending.key)
+        victims.append(Victim(pod, notice, False))
+    return victims

@@ -2,7 +2,7 @@
 
 The actuator writes ClickHouse itself (no sink stage in between) because it also reads it
 back: ``recorded(tenant, cause)`` is how a replayed quota event is recognised as handled
-(actuator.py explains why ClickHouse holds that memory). ``write`` returns once the records
+(service.py explains why ClickHouse holds that memory). ``write`` returns once the records
 are on the topic and in the table, and the actuator commits an event only after that, so
 "handled" always implies "recorded"; failures are retried with back-off, never dropped.
 
@@ -10,7 +10,8 @@ Writes from concurrent events are batched: one flusher takes whatever is waiting
 it with one anti-join, one produce round and one insert. The anti-join drops ids already in
 ClickHouse, so a decision re-made after a restart (a PDB refusal seen again) is neither
 republished nor stored twice; across crashes the deterministic id makes ReplacingMergeTree
-(ORDER BY tenant, record_id) and topic consumers fold any copy. The replay guard's reads use a
+(ORDER BY tenant, record_id) and topic consumers fold any copy: ``record_id`` is sha256 of
+(cause, subject, action), so a replay republishes the same ids. The replay guard's reads use a
 client of their own, so they never queue behind a batch being written.
 """
 
@@ -18,20 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from clickhouse_connect.driver.client import Client
 
-from gpumeter.core.models import PreemptionRecord
+from gpumeter.core.models import PreemptionAction, PreemptionRecord
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS as PREEMPTIONS_TOPIC
 from gpumeter.infra import clickhouse
 from gpumeter.infra.schema import PREEMPTIONS
-from scheduler_hooks.actuator.plan import backoff_seconds
+from scheduler_hooks.actuator.backoff import backoff_seconds
+from scheduler_hooks.cluster.kube_objects import PodView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +48,29 @@ MAX_BACKOFF = 30.0
 # queued behind each other (p99 363 ms at load 5 in benchmarks/quota_latency.py), which held
 # every tenant slot of the actuator. A few connections are enough for the tenants acted on at once.
 READERS = 4
+
+
+def record_id(cause: str, subject: str, action: str) -> str:
+    """Deterministic id of one decision: the same cause, pod (or queue) and action, the same id."""
+    return hashlib.sha256(f"{cause}|{subject}|{action}".encode()).hexdigest()
+
+
+def pod_record(cause: str, metric: str, pod: PodView, action: PreemptionAction, detail: str,
+               at: datetime) -> PreemptionRecord:
+    return PreemptionRecord(
+        record_id=record_id(cause, pod.uid, action), tenant=pod.tenant, namespace=pod.namespace,
+        pod=pod.name, pod_uid=pod.uid, node=pod.node, gpus=pod.gpus, capacity_type=pod.capacity_type,
+        priority=pod.priority, cause=cause, metric=metric, action=action, detail=detail, at=at,
+    )
+
+
+def queue_record(cause: str, metric: str, tenant: str, queue: str, action: PreemptionAction, detail: str,
+                 at: datetime) -> PreemptionRecord:
+    """A Volcano queue decision; the queue's name stands where a pod's would (namespace empty)."""
+    return PreemptionRecord(
+        record_id=record_id(cause, f"queue/{queue}", action), tenant=tenant, namespace="", pod=queue,
+        pod_uid="", cause=cause, metric=metric, action=action, detail=detail, at=at,
+    )
 
 
 class _Connection:

@@ -9,19 +9,19 @@ What it does
 - Consumes gpumeter.quota.events.v1 (consumer group ``<hooks.group>-actuator``, under the
   topic prefix like every group). Fetching never waits for handling: each tenant's events
   run in order (one key, one partition), tenants side by side, and an offset is committed
-  once every event up to it is handled (OffsetTracker).
+  once every event up to it is handled (offsets.py).
 - ``exceeded`` for an ``on_exceed: preempt`` tenant: the victims of
-  ``actuation.plan_preemption`` get the annotation ``gpumeter.io/eviction-notice`` (reason,
+  ``plan.plan_preemption`` get the annotation ``gpumeter.io/eviction-notice`` (reason,
   deadline, the event id), then, after the tenant's ``grace_seconds``, a policy/v1 Eviction.
   A PodDisruptionBudget refusal (429, cause DisruptionBudget) is recorded and retried with
   exponential back-off up to ``hooks.eviction_max_backoff_seconds``; the pod is never
-  deleted directly. ``recovered`` withdraws notices of that metric still waiting.
+  deleted directly (evictions.py). ``recovered`` withdraws notices of that metric still waiting.
 - ``exceeded`` for ``block`` or ``preempt`` closes the tenant's Volcano queue; ``recovered``
   reopens it once no metric is left (volcano_queues.py).
 - Every few seconds: queues in step with the tenants file (re-read when it changes; a file
   that does not parse is refused with one line and the last good one stays), and spot
   reclaim (reclaim.py).
-- Every decision is a PreemptionRecord on gpumeter.preemptions.v1 and in ClickHouse.
+- Every decision is a PreemptionRecord on gpumeter.preemptions.v1 and in ClickHouse (records.py).
 - ``dry_run``: the same decisions, recorded with action ``dry_run``; no annotation, no
   eviction, no queue change.
 
@@ -57,55 +57,40 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any, Generic, TypeVar
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError
 from kubernetes.client import ApiClient
 from pydantic import ValidationError
 
-from gpumeter.core.config_files import ConfigError
 from gpumeter.core.kube import PROTECTED_ANNOTATION, tenant_of_namespace
 from gpumeter.core.models import PreemptionAction, QuotaEvent
 from gpumeter.core.settings import Settings
-from gpumeter.core.tenants import TenantPolicy, TenantsFile, load_tenants
+from gpumeter.core.tenants import TenantPolicy
 from gpumeter.core.topics import QUOTA_EVENTS
-from scheduler_hooks.actuator.kube_gateway import JSON_PATCH, MERGE_PATCH, KubeGateway
+from scheduler_hooks.actuator.backoff import backoff_seconds
+from scheduler_hooks.actuator.evictions import Evictions
+from scheduler_hooks.actuator.kube_gateway import KubeGateway
+from scheduler_hooks.actuator.offsets import OffsetTracker
 from scheduler_hooks.actuator.plan import (
     BLOCKING,
-    RECLAIM_PREFIX,
     PreemptionPlan,
     Victim,
-    backoff_seconds,
     blocked_after,
-    classify_eviction,
-    notice_patch,
     plan_preemption,
-    pod_record,
-    queue_record,
-    status_message,
     superseded,
-    withdraw_patch,
 )
-from scheduler_hooks.actuator.reclaim import Reclaim, plan_spot_reclaim, qualifies
-from scheduler_hooks.actuator.records import RecordSink
+from scheduler_hooks.actuator.reclaim import RECLAIM_PREFIX, plan_spot_reclaim, qualifies, reclaim_victims
+from scheduler_hooks.actuator.records import RecordSink, queue_record
+from scheduler_hooks.actuator.refreshing_cache import RefreshingCache
+from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.actuator.volcano_queues import QueueChange, VolcanoQueues
 from scheduler_hooks.cluster.feeds import kube_api_client
-from scheduler_hooks.cluster.kube_objects import (
-    Notice,
-    PodView,
-    namespace_tenants,
-    node_view,
-    pod_view,
-    rfc3339,
-)
+from scheduler_hooks.cluster.kube_objects import PodView, namespace_tenants, node_view, pod_view
 
 log = logging.getLogger("gpumeter.actuator")
 T = TypeVar("T")
@@ -120,7 +105,6 @@ IO_THREADS = 8
 BATCH = 500
 FETCH_WAIT_MS = 100
 MAX_IN_FLIGHT = 2000  # events fetched, not yet handled
-DEFAULT_GRACE = TenantPolicy(tenant="default").grace_seconds
 
 
 def _now() -> datetime:
@@ -129,163 +113,6 @@ def _now() -> datetime:
 
 async def _in_thread(pool: ThreadPoolExecutor, call: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(pool, functools.partial(call, *args))
-
-
-K = TypeVar("K")
-
-
-class OffsetTracker(Generic[K]):
-    """Which offsets may be committed when events finish out of order.
-
-    Offsets are added in fetch order per partition; ``add`` returns the callback marking that
-    one handled; ``committable`` gives, per partition, the offset after the longest handled
-    prefix (Kafka's "next offset to read"), once per advance.
-    """
-
-    @dataclass
-    class _Entry:
-        offset: int
-        handled: bool = False
-
-    def __init__(self) -> None:
-        self._pending: dict[K, deque[OffsetTracker._Entry]] = {}  # per partition, in fetch order
-
-    @property
-    def in_flight(self) -> int:
-        return sum(len(entries) for entries in self._pending.values())
-
-    def add(self, partition: K, offset: int) -> Callable[[], None]:
-        entry = OffsetTracker._Entry(offset)
-        self._pending.setdefault(partition, deque()).append(entry)
-
-        def done() -> None:
-            entry.handled = True
-
-        return done
-
-    def committable(self) -> dict[K, int]:
-        out: dict[K, int] = {}
-        for partition, entries in self._pending.items():
-            while entries and entries[0].handled:
-                out[partition] = entries.popleft().offset + 1
-        return out
-
-    def forget(self, partitions: set[K]) -> None:
-        """Partitions no longer ours (a rebalance): their next owner reads them again."""
-        for partition in partitions:
-            self._pending.pop(partition, None)
-
-
-class RefreshingCache(Generic[T]):
-    """A value read from the API server (every namespace, every node), kept in memory.
-
-    ``get()`` waits for a read only the first time, or when asked for a ``fresh`` value; a value
-    older than ``max_age`` is returned as it is while one read in the background replaces it.
-    Before this, every event that came upon an aged cache waited for a list of every namespace
-    (or node), the eviction with it: a tail of the quota benchmark. Staleness stays bounded by
-    ``max_age`` plus one read. A background read that fails keeps the old value, and the next
-    ``get()`` after that tries again. Concurrent ``fresh`` callers share one read when it
-    started after they asked.
-    """
-
-    def __init__(self, load: Callable[[], Awaitable[T]], max_age: float,
-                 spawn: Callable[[Awaitable[Any]], None], monotonic: Callable[[], float] = time.monotonic,
-                 what: str = "value") -> None:
-        """``spawn`` keeps the background read's task (the actuator cancels its tasks at stop)."""
-        self._load = load
-        self._max_age = max_age
-        self._spawn = spawn
-        self._monotonic = monotonic
-        self._what = what
-        self._value: T | None = None
-        self._read_at = float("-inf")  # when the read that gave the value started
-        self._loaded = False
-        self._reads = 0  # reads started so far; counted, as two clock readings can be equal
-        self._value_read = 0  # the number of the read that gave the value
-        self._lock = asyncio.Lock()
-        self._background: asyncio.Task[None] | None = None
-
-    async def get(self, fresh: bool = False) -> T:
-        if fresh or not self._loaded:
-            return await self._read(self._reads)
-        idle = self._background is None or self._background.done()
-        if idle and self._monotonic() - self._read_at > self._max_age:
-            self._background = asyncio.ensure_future(self._refresh())
-            self._spawn(self._background)
-        return self._current()
-
-    def _current(self) -> T:
-        if not self._loaded:
-            raise RuntimeError("RefreshingCache read before its first load")
-        return self._value  # type: ignore[return-value]  # T itself may include None
-
-    async def _read(self, started_before: int) -> T:
-        """A value from a read started after ``started_before`` reads had started."""
-        async with self._lock:
-            if self._loaded and self._value_read > started_before:
-                return self._current()  # a read that started after we asked: as fresh as ours
-            self._reads += 1
-            number, started = self._reads, self._monotonic()
-            value = await self._load()
-            self._value, self._read_at, self._value_read, self._loaded = value, started, number, True
-            return value
-
-    async def _refresh(self) -> None:
-        try:
-            await self._read(self._reads)
-        except Exception as exc:  # the old value stays; the next get() after max_age tries again
-            log.warning("reading %s failed, the last one stays in use: %s", self._what,
-                        (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300])
-
-
-class TenantsSource:
-    """The tenants file, re-read when its mtime or size changes.
-
-    A file that does not parse is refused with one line naming it and the field, and the last
-    good one stays in force (issue 9, item 7).
-    """
-
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-        self._stamp: tuple[int, int] | None = None
-        self._current = load_tenants(path)  # the first load must succeed: no last good one yet
-        self._stamp = self._read_stamp()
-
-    def current(self) -> TenantsFile:
-        return self._current
-
-    def poll(self) -> bool:
-        """Reload if the file changed; True when a new version took effect."""
-        stamp = self._read_stamp()
-        if self._path is None or stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        try:
-            self._current = load_tenants(self._path)
-        except ConfigError as exc:
-            log.error("tenants file refused, the last good one stays in force: %s", exc)
-            return False
-        log.info("tenants file %s reloaded: %d tenants", self._path, len(self._current.tenants))
-        return True
-
-    def _read_stamp(self) -> tuple[int, int] | None:
-        if self._path is None:
-            return None
-        try:
-            info = self._path.stat()
-        except OSError:
-            return None
-        return info.st_mtime_ns, info.st_size
-
-
-@dataclass
-class InFlight:
-    """An eviction waiting for its deadline or retrying."""
-
-    pod: PodView
-    notice: Notice
-    notice_text: str  # the annotation exactly as written: checked before every attempt
-    task: asyncio.Task[None] | None = None
 
 
 class Actuator:
@@ -309,7 +136,6 @@ class Actuator:
         self.queue_sync_seconds = queue_sync_seconds
         self.max_backoff = settings.hooks.eviction_max_backoff_seconds
         self.blocked: dict[str, frozenset[str]] = {}
-        self._inflight: dict[str, InFlight] = {}  # by pod uid
         self._handled: set[str] = set()  # event ids planned by this process
         self._node_labels = RefreshingCache(self._read_node_labels, NODE_CACHE_SECONDS, self._spawn,
                                             what="the nodes' labels")
@@ -325,6 +151,9 @@ class Actuator:
         self._last_sync: list[str] = []
         self._stop = asyncio.Event()
         self._side_tasks: set[asyncio.Task[Any]] = set()
+        self.evictions = Evictions(kube, self.sink, dry_run=dry_run, max_backoff=self.max_backoff,
+                                   io=self._io, sleep=self._sleep, stopping=lambda: self._stop.is_set(),
+                                   post_event=self._event)
 
     @classmethod
     def from_settings(cls, settings: Settings, dry_run: bool, api: ApiClient | None = None) -> Actuator:
@@ -370,8 +199,7 @@ class Actuator:
                     raise failure
         finally:
             stop.set()
-            pending = [*loops, *self._chains.values(), *(f.task for f in self._inflight.values() if f.task),
-                       *self._side_tasks]
+            pending = [*loops, *self._chains.values(), *self.evictions.tasks(), *self._side_tasks]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
@@ -543,140 +371,13 @@ class Actuator:
             return
         log.info("quota event %s (%s %s exceeded): %d pod(s) to evict%s", event.event_id[:12], event.tenant,
                  event.metric, len(plan.victims), " (replay: only those still noticed)" if recorded else "")
-        await self._carry_out(plan.victims, event.metric, recorded)
+        await self.evictions.carry_out(plan.victims, event.metric, recorded)
         for pod in plan.protected:
             log.info("quota event %s: %s is protected, not evicted", event.event_id[:12], pod.key)
             self._event(pod, "EvictionSkippedProtected",
                         f"gpumeter: tenant {event.tenant} over {event.metric} quota; this pod is annotated "
                         f"{PROTECTED_ANNOTATION} and is not evicted")
         self._handled.add(event.event_id)
-
-    async def _carry_out(self, victims: Sequence[Victim], metric: str,
-                         recorded: set[str] | None = None) -> None:
-        """Notice every victim (in parallel), record it, and start its eviction countdown."""
-        if not victims:
-            return
-        now = _now()
-        if self.dry_run:
-            records = [
-                pod_record(v.notice.cause, metric, v.pod, "dry_run",
-                           f"would notice, evict at {rfc3339(v.notice.deadline)}: {v.notice.reason}", now)
-                for v in victims
-            ]
-            await self.sink.write(records)
-            return
-        noticed = await asyncio.gather(*(self._notice(v) for v in victims))
-        kept = [flight for flight in noticed if flight is not None]
-        # The countdowns start before the records are written: with grace 0 the eviction goes out
-        # at once instead of after three round trips to the stores. The event is committed only
-        # after the records below are written, so a crash in between replays it; its evicted
-        # pods are terminating by then and are not chosen again.
-        for flight in kept:
-            self._start(flight, fresh=True)
-        records = [pod_record(f.notice.cause, metric, f.pod, "noticed",
-                              f"evict at {rfc3339(f.notice.deadline)}: {f.notice.reason}", now) for f in kept]
-        await self.sink.write([r for r in records if r.record_id not in (recorded or ())])
-
-    async def _notice(self, victim: Victim) -> InFlight | None:
-        pod, notice = victim.pod, victim.notice
-        if victim.resumed:
-            return InFlight(pod, notice, pod.notice_text)
-        status = await self._io(self.kube.patch_pod, pod.namespace, pod.name, notice_patch(pod.uid, notice),
-                                MERGE_PATCH)
-        if status != 200:
-            log.info("%s is gone or replaced (HTTP %d): no notice", pod.key, status)
-            return None
-        self._event(pod, "EvictionNotice", f"{notice.reason}; eviction at {rfc3339(notice.deadline)}")
-        return InFlight(pod, notice, notice.to_annotation())
-
-    # -- evictions --------------------------------------------------------------------------
-    def _start(self, flight: InFlight, fresh: bool) -> None:
-        uid = flight.pod.uid
-        running = self._inflight.get(uid)
-        if running is not None and running.task is not None and not running.task.done():
-            return  # already counting down (another cause noticed it first)
-        flight.task = asyncio.create_task(self._evict_when_due(flight, fresh), name=f"evict-{flight.pod.key}")
-        self._inflight[uid] = flight
-
-    async def _evict_when_due(self, flight: InFlight, fresh: bool) -> None:
-        pod, notice = flight.pod, flight.notice
-        try:
-            delay = (notice.deadline - _now()).total_seconds()
-            if delay > 0:
-                await self._sleep(delay)
-                fresh = False
-            attempt = 0
-            reported: set[str] = set()
-            while not self._stop.is_set():
-                # A pod we noticed and looked at a moment ago needs no second read; after a wait it does.
-                if not fresh and not await self._still_due(flight):
-                    return
-                fresh = False
-                log.debug("evicting %s (%s)", pod.key, notice.cause[:12])
-                try:
-                    status, body = await self._io(self.kube.evict, pod.namespace, pod.name, pod.uid)
-                except Exception as exc:  # unreachable API server: same as a 5xx
-                    status, body = 0, str(exc).encode()
-                outcome = classify_eviction(status, body)
-                if outcome == "evicted":
-                    log.info("evicted %s (%s)", pod.key, notice.cause[:12])
-                    await self._record(pod, notice, "evicted", "Eviction API accepted: the pod terminates")
-                    self._event(pod, "Evicted", f"gpumeter: evicted (Eviction API): {notice.reason}")
-                    return
-                if outcome == "gone":
-                    log.info("%s was gone or replaced before its eviction (HTTP %d)", pod.key, status)
-                    return
-                delay = backoff_seconds(attempt, self.max_backoff)
-                if outcome == "pdb" and "pdb" not in reported:
-                    message = status_message(body) or "PodDisruptionBudget allows no disruption now"
-                    await self._record(pod, notice, "pdb_refused",
-                                       f"HTTP 429 DisruptionBudget: {message}; retried with back-off up to "
-                                       f"{self.max_backoff:g}s, never deleted")
-                    self._event(pod, "EvictionBlocked",
-                                f"gpumeter: eviction refused by a PodDisruptionBudget: {message}; retrying",
-                                warning=True)
-                elif outcome == "error" and "error" not in reported:
-                    await self._record(pod, notice, "failed",
-                                       f"HTTP {status}: {status_message(body) or 'no answer'}; retrying")
-                reported.add(outcome)
-                log.info("eviction of %s: %s (HTTP %d); next try in %.1fs", pod.key, outcome, status, delay)
-                attempt += 1
-                await self._sleep(delay)
-        finally:
-            current = self._inflight.get(pod.uid)
-            if current is flight:
-                del self._inflight[pod.uid]
-
-    async def _still_due(self, flight: InFlight) -> bool:
-        """Re-read the pod: still ours, not terminating, notice unchanged, reclaim still wanted."""
-        pod = flight.pod
-        current = await self._io(self.kube.pod, pod.namespace, pod.name)
-        if current is None:
-            return False
-        view = pod_view(current, pod.tenant)
-        if view.uid != pod.uid or view.deleting:
-            return False
-        if view.notice_text != flight.notice_text:
-            log.info("%s: eviction notice withdrawn or changed; not evicting", pod.key)
-            return False
-        beneficiary = flight.notice.beneficiary
-        if flight.notice.cause.startswith(RECLAIM_PREFIX) and beneficiary and not await self._still_pending(
-                beneficiary, flight.notice.cause[len(RECLAIM_PREFIX):]):
-            await self._withdraw_notice(view, f"the room was for {beneficiary}, which no longer waits")
-            return False
-        return True
-
-    async def _still_pending(self, key: str, uid: str) -> bool:
-        namespace, _, name = key.partition("/")
-        current = await self._io(self.kube.pod, namespace, name)
-        if current is None:
-            return False
-        view = pod_view(current, "")
-        return view.uid == uid and view.pending
-
-    async def _record(self, pod: PodView, notice: Notice, action: PreemptionAction, detail: str) -> None:
-        record = pod_record(notice.cause, notice.metric, pod, action, detail, _now())
-        await self.sink.write([record])
 
     # -- recovered ----------------------------------------------------------------------------
     async def _withdraw(self, event: QuotaEvent) -> None:
@@ -686,20 +387,7 @@ class Actuator:
             if (notice is None or pod.deleting or notice.metric != event.metric
                     or notice.cause.startswith(RECLAIM_PREFIX)):
                 continue
-            await self._withdraw_notice(pod, f"tenant {event.tenant} recovered on {event.metric}")
-
-    async def _withdraw_notice(self, pod: PodView, why: str) -> None:
-        flight = self._inflight.pop(pod.uid, None)
-        current_task = asyncio.current_task()
-        if flight is not None and flight.task is not None and flight.task is not current_task:
-            flight.task.cancel()
-        if self.dry_run:
-            return
-        status = await self._io(self.kube.patch_pod, pod.namespace, pod.name, withdraw_patch(pod.notice_text),
-                                JSON_PATCH)
-        if status == 200:
-            log.info("eviction notice on %s withdrawn: %s", pod.key, why)
-            self._event(pod, "EvictionWithdrawn", f"gpumeter: eviction called off: {why}")
+            await self.evictions.withdraw_notice(pod, f"tenant {event.tenant} recovered on {event.metric}")
 
     # -- resume after a restart ---------------------------------------------------------------
     async def _resume(self) -> None:
@@ -714,13 +402,7 @@ class Actuator:
             log.warning("cannot list pods to resume earlier notices yet: %s", str(exc).strip()[:300])
             return
         self._resumed = True
-        count = 0
-        for raw in listed:
-            pod = self._view(raw, tenants)
-            if pod.notice is None or not pod.evictable or pod.uid in self._inflight:
-                continue
-            self._start(InFlight(pod, pod.notice, pod.notice_text), fresh=False)
-            count += 1
+        count = self.evictions.resume(self._view(raw, tenants) for raw in listed)
         if count:
             log.info("resumed %d eviction(s) noticed before this start", count)
 
@@ -780,7 +462,9 @@ class Actuator:
         views = [self._view(raw, tenants, labels) for raw in pods]
         plans = plan_spot_reclaim(node_views, views, set(self.blocked))
         for plan in plans:
-            await self._carry_out(self._reclaim_victims(plan), "")
+            log.info("spot reclaim for %s on %s: %s", plan.pending.key, plan.node,
+                     ", ".join(p.key for p in plan.victims))
+            await self.evictions.carry_out(reclaim_victims(plan, self.tenants.current(), _now()), "")
 
     @staticmethod
     def _view(raw: dict[str, Any], tenants: dict[str, str],
@@ -789,21 +473,3 @@ class Actuator:
         node = str((raw.get("spec") or {}).get("nodeName") or "")
         tenant = tenants.get(namespace) or tenant_of_namespace(namespace)  # a namespace listed since
         return pod_view(raw, tenant, (node_labels or {}).get(node))
-
-    def _reclaim_victims(self, plan: Reclaim) -> list[Victim]:
-        now = _now()
-        pending = plan.pending
-        victims = []
-        for pod in plan.victims:
-            policy = self.tenants.current().policy(pod.tenant)
-            grace = policy.grace_seconds if policy is not None else DEFAULT_GRACE
-            reason = (f"gpumeter: spot pod reclaimed for {pending.key}, which may not run on spot "
-                      f"capacity and waits for {pending.gpus} GPUs; evicted through the Eviction API "
-                      f"after {grace}s")
-            notice = Notice(cause=plan.cause, reason=reason, deadline=now + timedelta(seconds=grace),
-                            beneficiary=pending.key)
-            victims.append(Victim(pod, notice, False))
-        names = ", ".join(p.key for p in plan.victims)
-        log.info("spot reclaim for %s on %s: %s", pending.key, plan.node, names)
-        return victims
-

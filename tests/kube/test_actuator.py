@@ -39,7 +39,8 @@ from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS, QUOTA_EVENTS
 from gpumeter.infra import clickhouse, kafka
 from scheduler_hooks.actuator.kube_gateway import KubeGateway
-from scheduler_hooks.actuator.service import Actuator, TenantsSource
+from scheduler_hooks.actuator.service import Actuator
+from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.cluster.kube_objects import parse_notice
 from testkit.kube_cluster import (
     CAPACITY_TYPE_LABEL,

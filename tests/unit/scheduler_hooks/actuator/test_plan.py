@@ -18,22 +18,19 @@ import pytest
 from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy
-from scheduler_hooks.actuator.plan import (
-    backoff_seconds,
-    blocked_after,
+from scheduler_hooks.actuator.backoff import backoff_seconds
+from scheduler_hooks.actuator.kube_gateway import (
     classify_eviction,
     eviction_body,
     notice_patch,
-    plan_preemption,
-    pod_record,
-    queue_record,
-    record_id,
     status_message,
-    superseded,
     withdraw_patch,
 )
+from scheduler_hooks.actuator.offsets import OffsetTracker
+from scheduler_hooks.actuator.plan import blocked_after, plan_preemption, superseded
 from scheduler_hooks.actuator.reclaim import excludes_spot, node_allows, plan_spot_reclaim
-from scheduler_hooks.actuator.service import OffsetTracker, TenantsSource
+from scheduler_hooks.actuator.records import pod_record, queue_record, record_id
+from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.actuator.volcano_queues import blocked_on, gpu_capability, queue_manifest, spec_patch
 from scheduler_hooks.cluster.kube_objects import (
     NodeView,

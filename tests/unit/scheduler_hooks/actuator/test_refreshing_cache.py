@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_hooks.actuator.service import RefreshingCache
+from scheduler_hooks.actuator.refreshing_cache import RefreshingCache
 
 MAX_AGE = 5.0
 
