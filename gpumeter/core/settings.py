@@ -11,9 +11,9 @@ import os
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from gpumeter.core.config_files import ConfigError, read_yaml, validation_failure
 from gpumeter.core.topics import topic_name
@@ -36,7 +36,25 @@ class Partitions(BaseModel):
     other: Annotated[int, Field(ge=1, le=1024)] = 3
 
 
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+Compression = Literal["none", "gzip", "lz4", "zstd"]
+
+
+def _empty_is_none(value: Any) -> Any:
+    # settings_env() writes an unset optional as "", and an env var cannot be null otherwise.
+    return None if value == "" else value
+
+
+OptionalPath = Annotated[Path | None, BeforeValidator(_empty_is_none)]
+OptionalText = Annotated[str | None, BeforeValidator(_empty_is_none)]
+
+
 class KafkaSettings(BaseModel):
+    """How every client reaches Kafka (contract 9): the agent's publisher, the worker, the
+    actuator, the CLI. Secrets come from files only, so they never sit in a command line, an
+    env var dump or this model's repr."""
+
     model_config = ConfigDict(extra="forbid")
 
     bootstrap: str = "127.0.0.1:9092"
@@ -45,6 +63,49 @@ class KafkaSettings(BaseModel):
     topic_prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]*$")] = ""
     partitions: Partitions = Field(default_factory=Partitions)
     heap: str = "768m"
+    replication_factor: Annotated[int, Field(ge=1, le=32)] = 1
+    min_insync_replicas: Annotated[int, Field(ge=1, le=32)] = 1
+    compression: Compression = "none"
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: Annotated[SaslMechanism | None, BeforeValidator(_empty_is_none)] = None
+    sasl_username: OptionalText = None
+    sasl_password_file: OptionalPath = None
+    ssl_cafile: OptionalPath = None
+    ssl_certfile: OptionalPath = None
+    ssl_keyfile: OptionalPath = None
+    # False on managed clusters: topics are verified (partitions, replication, min ISR), never created.
+    create_topics: bool = True
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSettings:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas ({self.min_insync_replicas}) cannot exceed replication_factor "
+                f"({self.replication_factor})")
+        missing = self.sasl_mechanism is None or not self.sasl_username or self.sasl_password_file is None
+        if self.uses_sasl and missing:
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism, "
+                             "sasl_username and sasl_password_file")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (a client certificate and its key)")
+        return self
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol.startswith("SASL_")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    def sasl_password(self) -> str:
+        """The SASL password, read from its file at each connection (a rotated Secret is picked up)."""
+        if self.sasl_password_file is None:
+            raise ConfigError("kafka.sasl_password_file is not set")
+        try:
+            return self.sasl_password_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"kafka.sasl_password_file {self.sasl_password_file}: {exc.strerror}") from None
 
     def topic(self, base: str) -> str:
         return topic_name(base, self.topic_prefix)
@@ -78,14 +139,6 @@ class WorkerSettings(BaseModel):
     # Records each agent may hold fetched and not yet processed: bounds the memory bigger
     # fetches could fill (a record is at most Kafka's 1 MiB message).
     stream_buffer_records: Annotated[int, Field(ge=8, le=4096)] = 64
-
-
-def _empty_is_none(value: Any) -> Any:
-    # settings_env() writes an unset optional as "", and an env var cannot be null otherwise.
-    return None if value == "" else value
-
-
-OptionalPath = Annotated[Path | None, BeforeValidator(_empty_is_none)]
 
 
 class QuotaSettings(BaseModel):

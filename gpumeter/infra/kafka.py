@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     KafkaError,
     NotCoordinatorError,
+    SaslAuthenticationFailedError,
     TopicAlreadyExistsError,
 )
 from kafka.errors import KafkaConnectionError as NoBrokersAvailable
@@ -25,10 +27,67 @@ class KafkaUnavailable(RuntimeError):
     """The broker did not answer in time."""
 
 
+class KafkaAuthenticationFailed(KafkaUnavailable):
+    """The cluster refused the credentials: waiting will not help."""
+
+
+def _auth_failure(kafka: KafkaSettings, exc: Exception) -> str:
+    # The server's message, never the password (the settings hold a path to it, not the text).
+    return (f"Kafka at {kafka.bootstrap} refused {kafka.sasl_mechanism or kafka.security_protocol} "
+            f"authentication as {kafka.sasl_username!r}: {exc}")
+
+
+class TopicMismatch(RuntimeError):
+    """Existing topics differ from what the settings ask for (``create_topics: false``); one
+    line per topic in the message."""
+
+
+def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
+    """The TLS context of SSL and SASL_SSL: the cluster's CA (or the system's), the client
+    certificate for mTLS when one is set, host names checked."""
+    if not kafka.uses_tls:
+        return None
+    context = ssl.create_default_context(cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile else None)
+    if kafka.ssl_certfile is not None and kafka.ssl_keyfile is not None:
+        context.load_cert_chain(str(kafka.ssl_certfile), str(kafka.ssl_keyfile))
+    return context
+
+
+def security_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """Security keyword arguments, spelled alike by kafka-python and aiokafka (both take
+    ``security_protocol``, ``sasl_*`` and ``ssl_context``). The password is read from its file here,
+    per client, and goes nowhere else."""
+    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    if kafka.uses_sasl:
+        options.update(sasl_mechanism=kafka.sasl_mechanism, sasl_plain_username=kafka.sasl_username,
+                       sasl_plain_password=kafka.sasl_password())
+    context = ssl_context(kafka)
+    if context is not None:
+        options["ssl_context"] = context
+    return options
+
+
+def client_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """What every kafka-python client (consumer, admin) of these settings is built with."""
+    return {"bootstrap_servers": kafka.bootstrap, **security_options(kafka)}
+
+
+def compression_type(kafka: KafkaSettings) -> str | None:
+    return None if kafka.compression == "none" else kafka.compression
+
+
+def make_consumer(kafka: KafkaSettings, *topics: str, **options: Any) -> KafkaConsumer:
+    try:
+        return KafkaConsumer(*topics, **client_options(kafka), **options)
+    except NoBrokersAvailable as exc:
+        raise KafkaUnavailable(f"no Kafka broker answers at {kafka.bootstrap}") from exc
+
+
 def make_producer(kafka: KafkaSettings, **overrides: Any) -> KafkaProducer:
     """An idempotent producer that waits for all in-sync replicas: nothing acknowledged is lost."""
     options: dict[str, Any] = {
-        "bootstrap_servers": kafka.bootstrap,
+        **client_options(kafka),
+        "compression_type": compression_type(kafka),
         "acks": "all",
         "enable_idempotence": True,
         "linger_ms": 5,
@@ -46,20 +105,32 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> KafkaProducer:
 
 def admin(kafka: KafkaSettings) -> KafkaAdminClient:
     try:
-        return KafkaAdminClient(bootstrap_servers=kafka.bootstrap, request_timeout_ms=10_000)
+        return KafkaAdminClient(**client_options(kafka), request_timeout_ms=10_000)
     except NoBrokersAvailable as exc:
         raise KafkaUnavailable(f"no Kafka broker answers at {kafka.bootstrap}") from exc
 
 
-def wait_for_broker(bootstrap: str, timeout: float = 60.0) -> None:
+def wait_for_broker(bootstrap: str | KafkaSettings, timeout: float = 60.0) -> None:
+    """Wait until the cluster answers an admin request with at least ``replication_factor``
+    brokers registered (topics of that replication can then be created). An authentication
+    failure is not waited out: it is raised at once (a wrong password never turns into a hang)."""
+    kafka = bootstrap if isinstance(bootstrap, KafkaSettings) else KafkaSettings(bootstrap=bootstrap)
+    bootstrap = kafka.bootstrap
     deadline = time.monotonic() + timeout
-    last: Exception | None = None
+    last: Exception | str | None = None
     while time.monotonic() < deadline:
         try:
-            client = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
-            client.list_topics()
-            client.close()
-            return
+            client = KafkaAdminClient(**client_options(kafka), request_timeout_ms=3000)
+            try:
+                brokers = sum(1 for b in client.describe_cluster()["brokers"] if not b.get("is_fenced"))
+            finally:
+                client.close()
+            if brokers >= kafka.replication_factor:
+                return
+            last = f"{brokers} of {kafka.replication_factor} brokers registered"
+            time.sleep(0.5)
+        except SaslAuthenticationFailedError as exc:
+            raise KafkaAuthenticationFailed(_auth_failure(kafka, exc)) from None
         except (KafkaError, OSError) as exc:
             last = exc
             time.sleep(0.5)
@@ -70,8 +141,70 @@ def _partitions_for(kafka: KafkaSettings, spec: TopicSpec) -> int:
     return int(getattr(kafka.partitions, spec.partitions_key))
 
 
+def _topic_configs(kafka: KafkaSettings, spec: TopicSpec) -> dict[str, str]:
+    config = {"min.insync.replicas": str(kafka.min_insync_replicas)}
+    if spec.compacted:
+        config["cleanup.policy"] = "compact"
+    return config
+
+
+def topic_mismatches(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> list[str]:
+    """One line per registry topic that is missing or whose partitions, replication factor or
+    ``min.insync.replicas`` differ from the settings; empty when all agree."""
+    specs = list(specs)
+    client = admin(kafka)
+    try:
+        existing = set(client.list_topics())
+        present = [kafka.topic(spec.name) for spec in specs if kafka.topic(spec.name) in existing]
+        described = {d["name"]: d for d in client.describe_topics(present)} if present else {}
+        configs = _min_isr(client, present)
+    finally:
+        client.close()
+    problems = []
+    for spec in specs:
+        name = kafka.topic(spec.name)
+        if name not in existing:
+            problems.append(f"{name}: missing (create it, or set kafka.create_topics: true)")
+            continue
+        partitions = described[name]["partitions"]
+        differences = []
+        if len(partitions) != _partitions_for(kafka, spec):
+            differences.append(f"{len(partitions)} partitions, settings say {_partitions_for(kafka, spec)}")
+        replication = min(len(p["replica_nodes"]) for p in partitions)
+        if replication < kafka.replication_factor:
+            differences.append(f"replication {replication}, settings say {kafka.replication_factor}")
+        isr = configs.get(name)
+        if isr is not None and isr < kafka.min_insync_replicas:
+            differences.append(f"min.insync.replicas {isr}, settings say {kafka.min_insync_replicas}")
+        if differences:
+            problems.append(f"{name}: " + "; ".join(differences))
+    return problems
+
+
+def _min_isr(client: KafkaAdminClient, topics: list[str]) -> dict[str, int]:
+    """Each topic's effective ``min.insync.replicas`` (its own, else the broker's default)."""
+    if not topics:
+        return {}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"min.insync.replicas": None})
+                 for name in topics]
+    found: dict[str, int] = {}
+    for by_name in client.describe_configs(resources, config_filter="all").values():
+        for name, values in by_name.items():
+            entry = values.get("min.insync.replicas")
+            if entry is not None and entry.get("value") is not None:
+                found[name] = int(entry["value"])
+    return found
+
+
 def ensure_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> list[str]:
-    """Create the registry's topics that do not exist yet; returns the names created."""
+    """Create the registry's topics that do not exist yet (with the configured replication and
+    ``min.insync.replicas``); returns the names created. With ``create_topics: false`` nothing
+    is created: topics are verified, and TopicMismatch names every one that differs."""
+    if not kafka.create_topics:
+        problems = topic_mismatches(kafka, specs)
+        if problems:
+            raise TopicMismatch("\n".join(problems))
+        return []
     client = admin(kafka)
     try:
         existing = set(client.list_topics())
@@ -80,10 +213,8 @@ def ensure_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> lis
             name = kafka.topic(spec.name)
             if name in existing:
                 continue
-            config = {"cleanup.policy": "compact"} if spec.compacted else {}
-            wanted.append(
-                NewTopic(name, _partitions_for(kafka, spec), 1, topic_configs=config)
-            )
+            wanted.append(NewTopic(name, _partitions_for(kafka, spec), kafka.replication_factor,
+                                   topic_configs=_topic_configs(kafka, spec)))
         created = []
         for topic in wanted:
             try:
@@ -107,7 +238,7 @@ def delete_topics_under(kafka: KafkaSettings, client: KafkaAdminClient) -> list[
 
 def end_offsets(kafka: KafkaSettings, topics: Iterable[str]) -> dict[TopicPartition, int]:
     """High watermark of every partition of ``topics``."""
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, enable_auto_commit=False)
+    consumer = make_consumer(kafka, enable_auto_commit=False)
     try:
         partitions = []
         for topic in topics:

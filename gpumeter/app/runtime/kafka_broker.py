@@ -65,23 +65,44 @@ def java_major() -> int:
 
 
 @dataclass(frozen=True)
+class ClientListener:
+    """A SASL_SSL listener for clients beside the brokers' own plaintext one: what a managed
+    cluster presents (SCRAM users, a server certificate signed by a CA the clients trust). The
+    brokers keep talking to each other on ``INTERNAL`` (loopback, plaintext)."""
+
+    port: int
+    certificate_file: Path  # PEM: the server's private key (PKCS#8, unencrypted) and certificate
+    ca_file: Path  # PEM: the CA clients verify the server with
+    users: tuple[tuple[str, str], ...]  # (name, password) SCRAM-SHA-512 credentials, set at format
+    mechanism: str = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
 class LocalBroker:
-    home: Path  # data_dir/kafka
+    """One KRaft node (broker + controller). Several of them with one ``voters`` string and one
+    cluster id form a cluster (LocalKafkaCluster)."""
+
+    home: Path  # data_dir/kafka, or data_dir/kafka/node-<id> in a cluster
     host: str
     port: int
     controller_port: int
     heap: str = "768m"
+    node_id: int = 1
+    voters: str = ""  # "1@127.0.0.1:9095,2@..."; empty: this node alone
+    replication: int = 1  # of the internal topics (offsets, transactions)
+    min_insync: int = 1
+    client_listener: ClientListener | None = None
 
     @classmethod
     def from_settings(cls, data_dir: Path, kafka: KafkaSettings) -> LocalBroker:
-        host, _, port = kafka.bootstrap.split(",")[0].rpartition(":")
-        if not port.isdigit():
-            raise RuntimeSetupError(f"kafka.bootstrap {kafka.bootstrap!r} needs host:port")
-        return cls(data_dir / "kafka", host or "127.0.0.1", int(port), kafka.controller_port, kafka.heap)
+        host, port = _first_address(kafka.bootstrap)
+        return cls(data_dir / "kafka", host, port, kafka.controller_port, kafka.heap)
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
+        """Where clients connect: the SASL_SSL listener when there is one."""
+        port = self.client_listener.port if self.client_listener is not None else self.port
+        return f"{self.host}:{port}"
 
     @property
     def pid_file(self) -> Path:
@@ -101,28 +122,52 @@ class LocalBroker:
         except OSError:
             return False
 
+    def _listeners(self) -> list[str]:
+        controller = f"CONTROLLER://127.0.0.1:{self.controller_port}"
+        if self.client_listener is None:
+            return [
+                f"listeners=PLAINTEXT://{self.host}:{self.port},{controller}",
+                f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "inter.broker.listener.name=PLAINTEXT",
+            ]
+        client = self.client_listener
+        jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        return [
+            f"listeners=INTERNAL://{self.host}:{self.port},CLIENT://{self.host}:{client.port},{controller}",
+            f"advertised.listeners=INTERNAL://{self.host}:{self.port},CLIENT://{self.host}:{client.port}",
+            "listener.security.protocol.map=INTERNAL:PLAINTEXT,CLIENT:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=INTERNAL",
+            f"sasl.enabled.mechanisms={client.mechanism}",
+            f"listener.name.client.{client.mechanism.lower()}.sasl.jaas.config={jaas}",
+            "listener.name.client.ssl.keystore.type=PEM",
+            f"listener.name.client.ssl.keystore.location={client.certificate_file}",
+            "listener.name.client.ssl.truststore.type=PEM",
+            f"listener.name.client.ssl.truststore.location={client.ca_file}",
+        ]
+
     def _write_properties(self) -> Path:
         data = self.home / "data"
         properties = self.home / "server.properties"
+        voters = self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}"
         properties.write_text(
             "\n".join(
                 [
                     "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
-                    f"listeners=PLAINTEXT://{self.host}:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://{self.host}:{self.port}",
+                    f"node.id={self.node_id}",
+                    f"controller.quorum.voters={voters}",
+                    *self._listeners(),
                     "controller.listener.names=CONTROLLER",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                    "inter.broker.listener.name=PLAINTEXT",
                     f"log.dirs={data}",
                     "num.partitions=3",
-                    "offsets.topic.replication.factor=1",
+                    f"default.replication.factor={self.replication}",
+                    f"min.insync.replicas={self.min_insync}",
+                    f"offsets.topic.replication.factor={self.replication}",
                     "offsets.topic.num.partitions=6",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
+                    f"transaction.state.log.replication.factor={self.replication}",
+                    f"transaction.state.log.min.isr={self.min_insync}",
+                    f"share.coordinator.state.topic.replication.factor={self.replication}",
+                    f"share.coordinator.state.topic.min.isr={self.min_insync}",
                     "group.initial.rebalance.delay.ms=0",
                     "auto.create.topics.enable=false",
                     "log.retention.hours=168",
@@ -139,8 +184,9 @@ class LocalBroker:
             f"-Dlog4j2.configurationFile={_resource('log4j2.xml')}", "-cp", classpath, main, *args,
         ]
 
-    def start(self) -> bool:
-        """Start the broker unless one already answers; True when this call started it."""
+    def start(self, cluster_id: str | None = None) -> bool:
+        """Start the node unless one already answers; True when this call started it. Storage is
+        formatted once, with ``cluster_id`` (the same for every node of a cluster)."""
         if self.answers():
             return False
         if java_major() < 17:
@@ -148,20 +194,114 @@ class LocalBroker:
         self.home.mkdir(parents=True, exist_ok=True)
         properties = self._write_properties()
         if not (self.home / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            result = subprocess.run(
-                # --cluster-id=ID, not "-t ID": a base64 id may start with "-" and read as an option.
-                self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                           f"--config={properties}"),
-                capture_output=True, text=True, check=False,
-            )
-            if result.returncode != 0:
-                raise RuntimeSetupError(f"formatting Kafka storage failed: {result.stdout}{result.stderr}")
+            self._format(properties, cluster_id or new_cluster_id())
         spawn(self._java("kafka.Kafka", str(properties)), self.log_file, self.pid_file, self.home)
         return True
+
+    def _format(self, properties: Path, cluster_id: str) -> None:
+        # --cluster-id=ID, not "-t ID": a base64 id may start with "-" and read as an option.
+        arguments = ["format", f"--cluster-id={cluster_id}", f"--config={properties}"]
+        if self.client_listener is not None:
+            # SCRAM credentials are written into the metadata log at format time (KRaft has no
+            # ZooKeeper to hold them). This local tool's command line is the one place they pass.
+            mechanism = self.client_listener.mechanism
+            for name, password in self.client_listener.users:
+                arguments += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
+        result = subprocess.run(self._java("kafka.tools.StorageTool", *arguments),
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeSetupError(f"formatting Kafka storage failed: {result.stdout}{result.stderr}")
 
     def stop(self) -> bool:
         return stop(self.pid_file, timeout=40)
 
     def failure_detail(self) -> str:
         return f"see {self.log_file}:\n{log_tail(self.log_file)}"
+
+
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _first_address(bootstrap: str) -> tuple[str, int]:
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    if not port.isdigit():
+        raise RuntimeSetupError(f"kafka.bootstrap {bootstrap!r} needs host:port")
+    return host or "127.0.0.1", int(port)
+
+
+@dataclass(frozen=True)
+class LocalKafkaCluster:
+    """``gpumeter up --brokers N`` (contract 9): N combined KRaft nodes on loopback. Node i
+    (from 1) listens on the bootstrap port + i - 1 and its controller on the first free run
+    after them; internal topics are replicated min(3, N) times with min ISR min(2, N), as
+    the registry's topics are. One node is the single broker the runtime always had (same
+    home, same ports), so an existing data directory keeps working."""
+
+    nodes: tuple[LocalBroker, ...]
+
+    @classmethod
+    def from_settings(cls, data_dir: Path, kafka: KafkaSettings,
+                      count: int | None = None) -> LocalKafkaCluster:
+        count = count if count is not None else recorded_node_count(data_dir)
+        if count == 1:
+            return cls((LocalBroker.from_settings(data_dir, kafka),))
+        host, port = _first_address(kafka.bootstrap)
+        return cls.on_ports(data_dir / "kafka", host, [port + i for i in range(count)],
+                            [max(kafka.controller_port, port + count) + i for i in range(count)], kafka.heap)
+
+    @classmethod
+    def on_ports(cls, home: Path, host: str, ports: list[int], controller_ports: list[int], heap: str,
+                 listeners: list[ClientListener] | None = None) -> LocalKafkaCluster:
+        count = len(ports)
+        voters = ",".join(f"{i + 1}@127.0.0.1:{controller_ports[i]}" for i in range(count))
+        return cls(tuple(
+            LocalBroker(home / f"node-{i + 1}", host, ports[i], controller_ports[i], heap, node_id=i + 1,
+                        voters=voters, replication=replication_for(count), min_insync=min_insync_for(count),
+                        client_listener=listeners[i] if listeners else None)
+            for i in range(count)))
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self) -> list[LocalBroker]:
+        """Start the nodes that do not answer; returns them. Nodes formatted together share
+        one cluster id, kept beside them so a node formatted later (a wiped disk) joins."""
+        id_file = self.nodes[0].home.parent / "cluster.id" if len(self.nodes) > 1 else None
+        cluster_id = None
+        if id_file is not None:
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            if not id_file.exists():
+                id_file.write_text(new_cluster_id())
+            cluster_id = id_file.read_text().strip()
+        return [node for node in self.nodes if node.start(cluster_id)]
+
+    def stop(self) -> list[LocalBroker]:
+        return [node for node in self.nodes if node.stop()]
+
+
+def replication_for(nodes: int) -> int:
+    return min(3, nodes)
+
+
+def min_insync_for(nodes: int) -> int:
+    return min(2, nodes)
+
+
+def _count_file(data_dir: Path) -> Path:
+    return data_dir / "kafka" / "nodes"
+
+
+def recorded_node_count(data_dir: Path) -> int:
+    """How many nodes `gpumeter up` last started in this data directory (1 when never said)."""
+    try:
+        return max(1, int(_count_file(data_dir).read_text().strip()))
+    except (OSError, ValueError):
+        return 1
+
+
+def record_node_count(data_dir: Path, count: int) -> None:
+    path = _count_file(data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{count}\n")
