@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -35,6 +37,34 @@ def _auth_failure(kafka: KafkaSettings, exc: Exception) -> str:
     # The server's message, never the password (the settings hold a path to it, not the text).
     return (f"Kafka at {kafka.bootstrap} refused {kafka.sasl_mechanism or kafka.security_protocol} "
             f"authentication as {kafka.sasl_username!r}: {exc}")
+
+
+class _AuthFailureWatch(logging.Handler):
+    """kafka-python retries a bootstrap whose SASL handshake the broker refused until its
+    timeout and then reports only "Unable to bootstrap"; the refusal itself reaches its log
+    as the exception argument of the failed connection. Collected here, so a wrong password
+    is reported at once instead of waited out."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.refused: list[Exception] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        arguments = record.args if isinstance(record.args, tuple) else ()
+        self.refused.extend(a for a in arguments if isinstance(a, SaslAuthenticationFailedError))
+
+
+@contextlib.contextmanager
+def _refused_credentials() -> Iterator[list[Exception]]:
+    watch = _AuthFailureWatch()
+    loggers = [logging.getLogger(name) for name in ("kafka.net.manager", "kafka.net.connection")]
+    for logger in loggers:
+        logger.addHandler(watch)
+    try:
+        yield watch.refused
+    finally:
+        for logger in loggers:
+            logger.removeHandler(watch)
 
 
 class TopicMismatch(RuntimeError):
@@ -118,21 +148,23 @@ def wait_for_broker(bootstrap: str | KafkaSettings, timeout: float = 60.0) -> No
     bootstrap = kafka.bootstrap
     deadline = time.monotonic() + timeout
     last: Exception | str | None = None
-    while time.monotonic() < deadline:
-        try:
-            client = KafkaAdminClient(**client_options(kafka), request_timeout_ms=3000)
+    with _refused_credentials() as refused:
+        while time.monotonic() < deadline:
             try:
-                brokers = sum(1 for b in client.describe_cluster()["brokers"] if not b.get("is_fenced"))
-            finally:
-                client.close()
-            if brokers >= kafka.replication_factor:
-                return
-            last = f"{brokers} of {kafka.replication_factor} brokers registered"
-            time.sleep(0.5)
-        except SaslAuthenticationFailedError as exc:
-            raise KafkaAuthenticationFailed(_auth_failure(kafka, exc)) from None
-        except (KafkaError, OSError) as exc:
-            last = exc
+                client = KafkaAdminClient(**client_options(kafka), request_timeout_ms=3000)
+                try:
+                    brokers = sum(1 for b in client.describe_cluster()["brokers"] if not b.get("is_fenced"))
+                finally:
+                    client.close()
+                if brokers >= kafka.replication_factor:
+                    return
+                last = f"{brokers} of {kafka.replication_factor} brokers registered"
+            except SaslAuthenticationFailedError as exc:
+                raise KafkaAuthenticationFailed(_auth_failure(kafka, exc)) from None
+            except (KafkaError, OSError) as exc:
+                last = exc
+            if refused:
+                raise KafkaAuthenticationFailed(_auth_failure(kafka, refused[0]))
             time.sleep(0.5)
     raise KafkaUnavailable(f"Kafka at {bootstrap} did not answer within {timeout:.0f} s: {last}")
 
