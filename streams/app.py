@@ -30,7 +30,8 @@ import faust
 from faust.types import TP
 
 from gpumeter.core import topics
-from gpumeter.core.settings import Settings
+from gpumeter.core.settings import KafkaSettings, Settings
+from gpumeter.infra import kafka as kafka_admin
 from streams import metrics
 from streams.batch_writer import BatchWriter
 from streams.dead_letter_agent import add_dead_letter_sink
@@ -60,6 +61,15 @@ class _SeekSafeApp(faust.App):
         return seek_safe_transport(self)
 
 
+def broker_credentials(kafka: KafkaSettings) -> faust.SASLCredentials | faust.SSLCredentials | None:
+    """contract 9's security settings in faust's terms (its aiokafka consumers and producers)."""
+    context = kafka_admin.ssl_context(kafka)
+    if kafka.uses_sasl:
+        return faust.SASLCredentials(username=kafka.sasl_username, password=kafka.sasl_password(),
+                                     ssl_context=context, mechanism=kafka.sasl_mechanism)
+    return faust.SSLCredentials(context) if context is not None else None
+
+
 def create_app(settings: Settings) -> WorkerApp:
     kafka = settings.kafka
     rate_cards = RateCardWatcher(settings.rate_cards)
@@ -68,7 +78,9 @@ def create_app(settings: Settings) -> WorkerApp:
     faust_dir.mkdir(parents=True, exist_ok=True)
     app = _SeekSafeApp(
         kafka.topic_prefix + settings.worker.group,
-        broker=f"kafka://{kafka.bootstrap}",
+        broker=[f"kafka://{address.strip()}" for address in kafka.bootstrap.split(",")],
+        broker_credentials=broker_credentials(kafka),
+        producer_compression_type=kafka_admin.compression_type(kafka),
         store="memory://",
         # faust's default is "<app id>-data" in the working directory: one stray directory per
         # worker group wherever a worker was started.

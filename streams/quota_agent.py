@@ -108,7 +108,7 @@ def _ensure_ledger_changelog(settings: Settings) -> int:
     It must have as many partitions as the rated topic, whose partitions it mirrors.
     """
     kafka = settings.kafka
-    kafka_admin.wait_for_broker(kafka.bootstrap)  # one clear error when it stays away
+    kafka_admin.wait_for_broker(kafka)  # one clear error when it stays away
     rated = kafka_admin.end_offsets(kafka, [kafka.topic(topics.RATED)])
     partitions = len(rated) or kafka.partitions.rated
     sized = kafka.model_copy(update={"partitions": kafka.partitions.model_copy(update={"rated": partitions})})

@@ -63,12 +63,28 @@ class Dsn:
         return _checked(replace(self, database=database))
 
 
-def parse_dsn(dsn: str) -> Dsn:
-    """``http://host:8123/db``, ``https://...``, or ``chdb:///abs/dir`` (db after ``?database=``)."""
+def without_password(dsn: str) -> str:
+    """A DSN's text for messages: a password in it is replaced by ``***``."""
     parsed = urlparse(dsn)
+    if parsed.password is None:
+        return dsn
+    user = parsed.username or ""
+    host = parsed.netloc.rpartition("@")[2]
+    return parsed._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def parse_dsn(dsn: str) -> Dsn:
+    """``http://host:8123/db``, ``https://...``, or ``chdb:///abs/dir`` (db after ``?database=``).
+    Error messages never carry the DSN's password."""
+    shown = without_password(dsn)
+    try:
+        parsed = urlparse(dsn)
+        port = parsed.port
+    except ValueError as exc:  # e.g. a port that is not a number
+        raise ClickHouseConfigError(f"ClickHouse DSN {shown!r} is not a URL: {exc}") from None
     if parsed.scheme == "chdb":
         if not parsed.path:
-            raise ClickHouseConfigError(f"chdb DSN needs a directory: chdb:///path, got {dsn!r}")
+            raise ClickHouseConfigError(f"chdb DSN needs a directory: chdb:///path, got {shown!r}")
         database = "gpumeter"
         for part in parsed.query.split("&"):
             if part.startswith("database="):
@@ -76,12 +92,12 @@ def parse_dsn(dsn: str) -> Dsn:
         return _checked(Dsn("chdb", "", 0, database, path=parsed.path))
     if parsed.scheme not in ("http", "https"):
         raise ClickHouseConfigError(
-            f"ClickHouse DSN must start with http://, https:// or chdb://, got {dsn!r}"
+            f"ClickHouse DSN must start with http://, https:// or chdb://, got {shown!r}"
         )
     if not parsed.hostname:
-        raise ClickHouseConfigError(f"ClickHouse DSN has no host: {dsn!r}")
+        raise ClickHouseConfigError(f"ClickHouse DSN has no host: {shown!r}")
     database = parsed.path.strip("/") or "gpumeter"
-    port = parsed.port or (8443 if parsed.scheme == "https" else 8123)
+    port = port or (8443 if parsed.scheme == "https" else 8123)
     return _checked(
         Dsn(parsed.scheme, parsed.hostname, port, database,
             username=unquote(parsed.username or "default"), password=unquote(parsed.password or ""))

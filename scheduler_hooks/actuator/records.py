@@ -33,6 +33,7 @@ from gpumeter.core.models import PreemptionAction, PreemptionRecord
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS as PREEMPTIONS_TOPIC
 from gpumeter.infra import clickhouse
+from gpumeter.infra import kafka as gkafka
 from gpumeter.infra.schema import PREEMPTIONS
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.cluster.kube_objects import PodView
@@ -117,8 +118,10 @@ class RecordSink:
 
     async def start(self, stop: asyncio.Event) -> None:
         self._stop = stop
+        kafka = self._settings.kafka
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=self._settings.kafka.bootstrap, acks="all", enable_idempotence=True)
+            bootstrap_servers=kafka.bootstrap, acks="all", enable_idempotence=True,
+            compression_type=gkafka.compression_type(kafka), **gkafka.security_options(kafka))
         await self._producer.start()
         self._flusher = asyncio.create_task(self._flush_forever())
 

@@ -72,6 +72,7 @@ from gpumeter.core.models import PreemptionAction, QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy
 from gpumeter.core.topics import QUOTA_EVENTS
+from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.evictions import Evictions
 from scheduler_hooks.actuator.kube_gateway import KubeGateway
@@ -175,6 +176,7 @@ class Actuator:
         consumer = AIOKafkaConsumer(
             self.settings.kafka.topic(QUOTA_EVENTS),
             bootstrap_servers=self.settings.kafka.bootstrap,
+            **gkafka.security_options(self.settings.kafka),
             group_id=self.group,
             enable_auto_commit=False,
             fetch_max_wait_ms=self.settings.hooks.actuator_fetch_max_wait_ms,

@@ -331,8 +331,8 @@ class KafkaFeed(Feed):
             gkafka.ensure_topics(self.kafka, wanted)
             self._topics_ensured = True
         try:
-            consumer = KafkaConsumer(
-                bootstrap_servers=self.kafka.bootstrap, client_id=self.client_id, group_id=None,
+            consumer = gkafka.make_consumer(
+                self.kafka, client_id=self.client_id, group_id=None,
                 enable_auto_commit=False, auto_offset_reset="earliest",
             )
         except KafkaError as exc:

@@ -4,6 +4,7 @@ replicated 3 times with min ISR 2, and topic verification for managed clusters."
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,10 +14,10 @@ import pytest
 
 from gpumeter.app.runtime.kafka_broker import ClientListener, LocalKafkaCluster
 from gpumeter.core import topics
-from gpumeter.core.settings import KafkaSettings, Partitions
+from gpumeter.core.settings import KafkaSettings, Partitions, Settings
 from gpumeter.infra import kafka
 from testkit.certs import CertificateAuthority
-from tests.services import free_port
+from tests.services import free_port, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -135,3 +136,58 @@ def test_a_wrong_password_fails_at_once_with_one_line_that_never_shows_a_passwor
     message = str(raised.value)
     assert "\n" not in message and USER in message
     assert "not-the-password" not in message and PASSWORD not in message
+
+
+def free_port_run(length: int) -> int:
+    """The first of ``length`` consecutive free loopback ports."""
+    for _ in range(50):
+        first = free_port()
+        if first + length < 65535 and all(_port_free(first + i) for i in range(length)):
+            return first
+    raise RuntimeError(f"no run of {length} free ports")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_gpumeter_up_brokers_3_and_status_json(tmp_path: Path) -> None:
+    """Contract 9's local runtime through the CLI: three nodes, topics replicated 3 times with min
+    ISR 2, `status --json` naming each node, `down` stopping them all."""
+    first = free_port_run(6)  # 3 broker ports, then 3 controller ports
+    settings = Settings(data_dir=tmp_path / "data")
+    settings.kafka.bootstrap = f"127.0.0.1:{first}"
+    settings.kafka.controller_port = first + 3
+    settings.kafka.heap = "384m"
+    settings.clickhouse.dsn = f"http://127.0.0.1:{free_port()}/gpumeter"
+    try:
+        up = run_cli(settings, "up", "--brokers", "3", timeout=400)
+        assert up.returncode == 0, up.stderr
+        nodes = f"127.0.0.1:{first},127.0.0.1:{first + 1},127.0.0.1:{first + 2}"
+        assert f"GPUMETER_KAFKA_BOOTSTRAP={nodes}" in up.stdout
+        status = run_cli(settings, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        document = json.loads(status.stdout)
+        assert [(n["node_id"], n["port"], n["alive"]) for n in document["kafka"]] == [
+            (1, first, True), (2, first + 1, True), (3, first + 2, True)]
+        assert all(isinstance(n["pid"], int) for n in document["kafka"])
+        assert document["clickhouse"]["alive"] is True and document["clickhouse"]["url"].startswith("http://")
+        cluster = settings.kafka.model_copy(update={
+            "bootstrap": f"127.0.0.1:{first},127.0.0.1:{first + 1}", "replication_factor": 3,
+            "min_insync_replicas": 2})
+        assert kafka.topic_mismatches(cluster) == []
+        again = run_cli(settings, "status", "--json")  # the node count is remembered, no flag needed
+        assert len(json.loads(again.stdout)["kafka"]) == 3
+    finally:
+        down = run_cli(settings, "down")
+    assert down.returncode == 0, down.stderr
+    assert "stopped Kafka node 1, node 2, node 3" in down.stdout
+    after = json.loads(run_cli(settings, "status", "--json").stdout)
+    assert [n["alive"] for n in after["kafka"]] == [False, False, False]

@@ -25,16 +25,18 @@ class Command(NamedTuple):
     module: str  # under gpumeter.app.cli: declares the command's arguments and runs it
     function: str
     help: str
-    arguments: bool = True  # the module declares them in add_arguments(parser)
+    # The module's function that declares the command's arguments (None: it takes none).
+    arguments: str | None = "add_arguments"
 
 
 # In the order `gpumeter --help` lists them. A command's module, and whatever it needs, is
 # imported only when that command is parsed, so `gpumeter --help` stays fast.
 COMMANDS: dict[str, Command] = {
     "demo": Command("demo", "run", "run the whole pipeline on a simulated fleet"),
-    "up": Command("local", "up", "start the local Kafka broker and ClickHouse server", arguments=False),
-    "down": Command("local", "down", "stop them", arguments=False),
-    "status": Command("local", "status", "show what runs where", arguments=False),
+    "up": Command("local", "up", "start the local Kafka broker(s) and ClickHouse server",
+                  arguments="up_arguments"),
+    "down": Command("local", "down", "stop them", arguments=None),
+    "status": Command("local", "status", "show what runs where", arguments="status_arguments"),
     "collect": Command("collect", "run", "node agent"),
     "worker": Command("worker", "run", "stream processors (rating, quotas, sink)"),
     "ingest": Command("ingest", "run", "publish UsageSample lines from a file ('-' = stdin)"),
@@ -56,15 +58,16 @@ class _CommandParser(Parser):
 
     def __init__(self, *args: Any, command: Command, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._declare: Command | None = command if command.arguments else None
+        self._declare: Command | None = command if command.arguments is not None else None
 
     def parse_known_args(  # type: ignore[override]  # the stubs overload it by namespace type
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         if self._declare is not None:
             module = importlib.import_module(f"gpumeter.app.cli.{self._declare.module}")
+            declare = getattr(module, str(self._declare.arguments))
             self._declare = None
-            module.add_arguments(self)
+            declare(self)
         return super().parse_known_args(args, namespace)
 
 

@@ -40,3 +40,9 @@ def positive_number(value: str) -> float:
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return number
+
+
+def positive_int(value: str) -> int:
+    if not value.isascii() or not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value!r}")
+    return int(value)

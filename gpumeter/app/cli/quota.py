@@ -89,12 +89,14 @@ def _instant(text: str) -> datetime:
 
 def _read_states(settings: Settings, topic: str) -> dict[str, LedgerState]:
     """The latest LedgerState per tenant in the compacted changelog (empty if it does not exist)."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
     from kafka.errors import KafkaError
 
+    from gpumeter.infra import kafka as gkafka
+
     try:
-        consumer = KafkaConsumer(bootstrap_servers=settings.kafka.bootstrap, enable_auto_commit=False,
-                                 group_id=None, request_timeout_ms=15_000)
+        consumer = gkafka.make_consumer(settings.kafka, enable_auto_commit=False, group_id=None,
+                                        request_timeout_ms=15_000)
     except KafkaError as exc:
         bootstrap = settings.kafka.bootstrap
         raise Failure(f"no Kafka broker answers at {bootstrap} ({type(exc).__name__})") from None
