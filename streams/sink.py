@@ -5,15 +5,22 @@ its copies (contract 1):
 
 1. inside the batch the first copy of an id wins; a later copy with the same billing fields
    is a duplicate, one with other fields a conflict;
-2. the ids are looked up in ``event_ids`` (the stored copy of every id, any tenant, any
-   month; ordered by a hash of the id, so one small granule per id; its hashes alone are
-   probed first in ``event_id_hashes``, which a view fills): same fields as a stored
-   copy, a duplicate; other fields, a conflict with the first stored copy, returned in
+2. the ids are looked up in ``event_ids``, the claims on every id (any tenant, any month;
+   ordered by a hash of the id, so one small granule per id; its hashes alone are probed
+   first in ``event_id_hashes``, which a view fills). The first claim of an id decides: its
+   own copy again (same source position: a replay after a crash) is stored if it is not yet;
+   the same fields from elsewhere, a duplicate; other fields, a conflict, returned in
    ``StoreResult.conflicts`` for the caller to dead-letter (reason ``duplicate_conflict``);
-3. the remaining rows are checked against rated_usage on its time-local key (rows of this
-   very batch inserted before an ambiguous failure: their ids are written to event_ids only
-   after the rows), inserted, and then their ids recorded in event_ids, copied server-side
-   from the rows rated_usage now holds.
+3. the ids nobody claimed yet are claimed: inserted into ``event_ids`` with their billing
+   fields and source position, *before* their rows go to rated_usage. Two sinks (two
+   workers, the copies of one id under two tenants on two partitions) may claim one id at
+   once: each then reads the claims of its ids again, straight from ``event_ids``, and the
+   claim the server made visible first wins. MergeTree numbers an insert's part when it
+   commits it (``_block_number``, kept through merges by ``enable_block_number_column``), so
+   a claim with a lower number than one's own is always visible to a read made after one's
+   own insert returned: both sinks agree on the winner without talking to each other;
+4. the winners' rows are checked against rated_usage on its time-local key (rows of this very
+   batch inserted before an ambiguous failure) and inserted.
 
 After an ambiguous failure (timeout, server gone) the retry starts again at 1, so a batch
 that did land is not inserted twice. Behind those checks, each insert into rated_usage
@@ -185,6 +192,27 @@ def conflict_reason(event_id: str, first: Sequence[Any], later: Sequence[Any]) -
     return f"event_id {event_id} was already billed with different {', '.join(differing)}"
 
 
+@dataclass(frozen=True)
+class Claim:
+    """A copy of an event_id recorded in event_ids: its billing fields and where it was read."""
+
+    fields: tuple[Any, ...]
+    position: tuple[int, int]  # (source_partition, source_offset); (-1, -1) before migration 8
+
+
+_CLAIM_COLUMNS = ", ".join((*FINGERPRINT_COLUMNS, "source_partition", "source_offset"))
+_CLAIM_VALUES = tuple(RATED_USAGE.insert_columns.index(name) for name in EVENT_IDS.insert_columns)
+
+
+def _first_of(found: Sequence[Sequence[Any]]) -> dict[str, Claim]:
+    """Rows of (event_id, fields..., partition, offset), first claim first: each id's first."""
+    first: dict[str, Claim] = {}
+    for row in found:
+        if row[0] not in first:
+            first[row[0]] = Claim(fingerprint(row[1:-2]), (int(row[-2]), int(row[-1])))
+    return first
+
+
 class BadRecord(ValueError):
     """A record on an internal topic that does not have the shape we wrote."""
 
@@ -251,22 +279,21 @@ class ClickHouseSink:
                     (row, conflict_reason(row[_ID], row_fingerprint(first), row_fingerprint(row))))
         if not unique:
             return result
-        for event_id, copies in self._billed(client, list(unique)).items():
-            row = unique.pop(event_id)
-            if row_fingerprint(row) not in copies:
-                result.conflicts.append((row, conflict_reason(event_id, copies[0], row_fingerprint(row))))
-        candidates = list(unique.values())
-        # One scope for both reads of rated_usage: the rows recorded below are among these.
+        claimed = self._first_claims(client, list(unique))
+        ours = self._judge(unique, claimed, result)  # replays of our own claims: stored below
+        unclaimed = [row for event_id, row in unique.items() if event_id not in claimed]
+        self._claim(client, unclaimed)
+        contested = self._contested(client, [row[_ID] for row in unclaimed])
+        won = self._judge({row[_ID]: row for row in unclaimed}, contested, result)
+        won += [row for row in unclaimed if row[_ID] not in contested]
+        candidates = ours + won
+        # One scope for the read of rated_usage and the insert's token.
         scope = _batch_scope(candidates) if candidates else {}
         already = self._already_inserted(client, candidates, scope)
-        fresh = [row for event_id, row in unique.items() if event_id not in already]
+        fresh = [row for row in candidates if row[_ID] not in already]
         as_lines = have_lines(RATED_USAGE, rows)
         inserted = self._insert_splitting(client, RATED_USAGE, fresh, named=True, as_lines=as_lines)
-        refused = {id(row) for row, _ in inserted.rejected}
-        # Ids are recorded only once their rows are in: a crash in between is caught by
-        # _already_inserted on the retry, never by skipping a row that was not stored.
-        recorded = [row for row in candidates if id(row) not in refused]
-        self._record_ids(client, recorded, scope)
+        self._release(client, [row for row, _ in inserted.rejected])
         result.stored = inserted.stored
         result.rejected = inserted.rejected
         self.counters.skipped_duplicates += len(rows) - len(fresh) - len(result.conflicts)
@@ -276,49 +303,82 @@ class ClickHouseSink:
         self.counters.unstorable += len(inserted.rejected)
         return result
 
-    def _billed(self, client: Client, ids: list[str]) -> dict[str, list[tuple[Any, ...]]]:
-        """Billing fields of the recorded copies of each id that has any, the first first.
+    @staticmethod
+    def _judge(rows: dict[str, Row], first_claims: dict[str, Claim], result: StoreResult) -> list[Row]:
+        """The rows whose id's first claim is their own (same source position and fields); the
+        others are duplicates (same fields: dropped) or conflicts (added to ``result``)."""
+        own: list[Row] = []
+        for event_id, claim in first_claims.items():
+            row = rows.get(event_id)
+            if row is None:
+                continue
+            fields = row_fingerprint(row)
+            if claim.fields != fields:
+                result.conflicts.append((row, conflict_reason(event_id, claim.fields, fields)))
+            elif claim.position == (row[_PARTITION], row[_OFFSET]):
+                own.append(row)
+        return own
+
+    def _first_claims(self, client: Client, ids: list[str]) -> dict[str, Claim]:
+        """The first claim on each of these ids that has any.
 
         The batch's hashes are probed in event_id_hashes (one granule of bare hashes per id
         and part, few parts); event_ids is read only for the hashes found there, on its sort
-        key, and none at all when every id is new. More than one copy of an id is recorded
-        only when two sinks raced; any of them is then the same sample again.
+        key, and none at all when every id is new. A claim whose hash is not visible yet (its
+        insert is still filling the view) is missed here and found by ``_contested``.
         """
         found = client.query(
-            f"SELECT event_id, {', '.join(FINGERPRINT_COLUMNS)} FROM {EVENT_IDS.name} "
+            f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
             f"PREWHERE id_hash IN (SELECT id_hash FROM {EVENT_ID_HASHES.name} "
             f"WHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE})) "
-            f"WHERE event_id IN {IDS_TABLE} ORDER BY recorded_at",
+            f"WHERE event_id IN {IDS_TABLE} ORDER BY _block_number",
             external_data=ids_table(ids),
         ).result_rows
-        copies: dict[str, list[tuple[Any, ...]]] = {}
-        for row in found:
-            copies.setdefault(row[0], []).append(fingerprint(row[1:]))
-        return copies
+        return _first_of(found)
+
+    def _claim(self, client: Client, rows: list[Row]) -> None:
+        """Claim these rows' ids: their billing fields and source position into event_ids."""
+        if rows:
+            insert_rows(client, EVENT_IDS, [tuple(row[i] for i in _CLAIM_VALUES) for row in rows], None)
+
+    def _release(self, client: Client, rows: list[Row]) -> None:
+        """Withdraw the claims of rows the engine refused: they were never stored, so a later,
+        storable copy of the id must not be taken for a duplicate of them. Rare (validation
+        keeps unstorable values out), so one lightweight delete per refused row is fine."""
+        for row in rows:
+            client.command(
+                f"DELETE FROM {EVENT_IDS.name} WHERE id_hash = sipHash64(%(id)s) AND event_id = %(id)s "
+                "AND source_partition = %(partition)s AND source_offset = %(offset)s",
+                parameters={"id": row[_ID], "partition": row[_PARTITION], "offset": row[_OFFSET]})
+
+    def _contested(self, client: Client, ids: list[str]) -> dict[str, Claim]:
+        """The first claim on each of these just-claimed ids that more than one claim names,
+        read from event_ids itself (not through the hash table, which a concurrent claim may
+        not have reached yet)."""
+        if not ids:
+            return {}
+        found = client.query(
+            f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
+            f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
+            f"WHERE event_id IN (SELECT event_id FROM {EVENT_IDS.name} "
+            f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
+            f"WHERE event_id IN {IDS_TABLE} GROUP BY event_id HAVING count() > 1) "
+            f"ORDER BY _block_number",
+            external_data=ids_table(ids),
+        ).result_rows
+        return _first_of(found)
 
     def _already_inserted(self, client: Client, rows: list[Row], scope: dict[str, Any]) -> set[str]:
         """Ids of these rows already in rated_usage (inserted before an ambiguous failure or a
-        crash, ahead of their event_ids entries). Asked for every batch and almost always
-        empty; the (tenant, window_start) key prefix keeps it inside the batch's own windows
-        (``scope``: ``_batch_scope`` of these rows or of a batch holding them)."""
+        crash). Asked for every batch and almost always empty; the (tenant, window_start) key
+        prefix keeps it inside the batch's own windows (``scope``: ``_batch_scope`` of these
+        rows or of a batch holding them)."""
         if not rows:
             return set()
         found = client.query(f"SELECT event_id FROM rated_usage WHERE {_IN_BATCH}",
                              parameters=scope,
                              external_data=ids_table([row[_ID] for row in rows])).result_rows
         return {event_id for (event_id,) in found}
-
-    def _record_ids(self, client: Client, rows: list[Row], scope: dict[str, Any]) -> None:
-        """Record the ids of these rows, now in rated_usage, in event_ids: copied server-side
-        from the stored rows (the batch's windows, its ids as an external table), so nothing is
-        sent or parsed twice, and what is recorded is exactly the copy that was stored."""
-        if not rows:
-            return
-        columns = ", ".join(EVENT_IDS.insert_columns)
-        client.command(
-            f"INSERT INTO {EVENT_IDS.name} ({columns}) SELECT {columns} FROM rated_usage "
-            f"WHERE {_IN_BATCH} LIMIT 1 BY event_id",
-            parameters=scope, external_data=ids_table([row[_ID] for row in rows]))
 
     def store_dead(self, rows: Sequence[Row]) -> StoreResult:
         """Dead letters are keyed by source position; the table's engine folds replays."""

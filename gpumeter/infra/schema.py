@@ -88,7 +88,8 @@ _EVENT_IDS_BY_KEY = Table(
 
 ID_HASH = Column("id_hash", "UInt64", default="sipHash64(event_id)", codec="NONE")
 
-EVENT_IDS = Table(
+# event_ids as migrations 5 to 7 left it (they are replayed on a fresh database as written).
+EVENT_IDS_V5 = Table(
     name="event_ids",
     columns=(
         *_EVENT_IDS_BY_KEY.columns,
@@ -108,6 +109,23 @@ EVENT_IDS = Table(
     settings="index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384",
 )
 
+# The claims on every event_id (streams/sink.py): a copy's billing fields and where it was read,
+# recorded before its row is stored; the first claim the server made visible wins. That order
+# is the part's block number, assigned as the insert commits and kept through merges by
+# enable_block_number_column (migration 8, which gave older claims the position -1, -1).
+EVENT_IDS = Table(
+    name="event_ids",
+    columns=(
+        *_EVENT_IDS_BY_KEY.columns,
+        Column("source_partition", "Int32"),
+        Column("source_offset", "Int64"),
+        *EVENT_IDS_V5.columns[len(_EVENT_IDS_BY_KEY.columns):],
+    ),
+    engine="MergeTree",
+    order_by="id_hash",
+    settings=f"{EVENT_IDS_V5.settings}, enable_block_number_column = 1",
+)
+
 # Which id hashes event_ids holds, and nothing else: probed first, so that the wide
 # event_ids is read only for the hashes found here (almost never: a batch's ids are new).
 # Its 8-byte rows merge cheaply into a few large parts, and a lookup's cost is per granule
@@ -120,7 +138,7 @@ EVENT_ID_HASHES = Table(
     columns=(Column("id_hash", "UInt64", codec="NONE"),),
     engine="MergeTree",
     order_by="id_hash",
-    settings=EVENT_IDS.settings,
+    settings=EVENT_IDS_V5.settings,
 )
 
 EVENT_ID_HASHES_MV = (
@@ -220,7 +238,7 @@ PREEMPTIONS = Table(
     order_by="(tenant, record_id)",
 )
 
-_EVENT_ID_COLUMNS = ", ".join(EVENT_IDS.insert_columns)
+_EVENT_ID_COLUMNS = ", ".join(EVENT_IDS_V5.insert_columns)
 
 PIPELINE = SchemaOwner(
     owner="pipeline",
@@ -257,7 +275,7 @@ PIPELINE = SchemaOwner(
         # recent insert tokens.
         Migration(5, "event_ids ordered by sipHash64(event_id); insert deduplication windows", (
             "DROP TABLE IF EXISTS event_ids_rebuilt",
-            EVENT_IDS.create_sql("event_ids_rebuilt"),
+            EVENT_IDS_V5.create_sql("event_ids_rebuilt"),
             f"INSERT INTO event_ids_rebuilt ({_EVENT_ID_COLUMNS}) SELECT {_EVENT_ID_COLUMNS} FROM event_ids",
             "EXCHANGE TABLES event_ids AND event_ids_rebuilt",
             "DROP TABLE IF EXISTS event_ids_rebuilt",
@@ -278,6 +296,14 @@ PIPELINE = SchemaOwner(
             f"TRUNCATE TABLE {EVENT_ID_HASHES.name}",
             EVENT_ID_HASHES_MV,
             f"INSERT INTO {EVENT_ID_HASHES.name} SELECT id_hash FROM {EVENT_IDS.name}",
+        )),
+        # Metadata only, re-runnable. Ids recorded before it were recorded after their rows
+        # were stored, so their unknown position (-1) never makes a replay look like their own.
+        Migration(8, "event_ids are claims: their source position, ordered by block number", (
+            "ALTER TABLE event_ids ADD COLUMN IF NOT EXISTS source_partition Int32 DEFAULT -1 AFTER period",
+            "ALTER TABLE event_ids ADD COLUMN IF NOT EXISTS source_offset Int64 DEFAULT -1 "
+            "AFTER source_partition",
+            "ALTER TABLE event_ids MODIFY SETTING enable_block_number_column = 1",
         )),
     ),
 )

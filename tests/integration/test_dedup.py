@@ -20,7 +20,7 @@ import pytest
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
-from gpumeter.infra.schema import EVENT_IDS, PIPELINE, RATED_USAGE
+from gpumeter.infra.schema import EVENT_IDS_V5, PIPELINE, RATED_USAGE
 from testkit.builders import sample
 from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli
@@ -154,7 +154,7 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         rollup_before = client.query(ROLLUP_TOTALS).result_rows
 
         applied = clickhouse.migrate(client, [PIPELINE])
-        assert applied == ["pipeline/4", "pipeline/5", "pipeline/6", "pipeline/7"]
+        assert applied == ["pipeline/4", "pipeline/5", "pipeline/6", "pipeline/7", "pipeline/8"]
 
         after = client.query(TOTALS).result_rows
         rollup_after = client.query(ROLLUP_TOTALS).result_rows
@@ -179,7 +179,7 @@ EVENT_ID_ROWS = ("SELECT event_id, tenant, kind, window_start, window_end, quant
 # Ids as an earlier sink recorded them: id-N billed to t(N % 3) at 00:N minutes on 2026-11-05 for
 # 1 + N % 4 GPU-minutes.
 RECORDED_IDS = (
-    f"INSERT INTO event_ids ({', '.join(EVENT_IDS.insert_columns)}) "
+    f"INSERT INTO event_ids ({', '.join(EVENT_IDS_V5.insert_columns)}) "
     "SELECT concat('id-', toString(number)), concat('t', toString(number % 3)), 'gpu', "
     "toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
     "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), 1 + number % 4, "
@@ -223,8 +223,9 @@ def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_onc
         client.command(RECORDED_IDS.format(count=2000))
         before = client.query(EVENT_ID_ROWS).result_rows
 
-        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/5", "pipeline/6", "pipeline/7"]
-        rerun(client, 5)  # still each id once
+        assert clickhouse.migrate(client, [PIPELINE]) == [f"pipeline/{v}" for v in (5, 6, 7, 8)]
+        for version in (5, 6, 7, 8):  # migration 5 again, as after a failure part-way, and on
+            rerun(client, version)  # still each id once
 
         engine, ddl = client.query(EVENT_IDS_QUERY, parameters={"name": "event_ids"}).result_rows[0]
         assert engine == "MergeTree" and "ORDER BY id_hash" in ddl and "index_granularity = 256" in ddl
@@ -242,15 +243,15 @@ def test_migration_6_leaves_event_ids_hashes_uncompressed_and_every_id_found(set
     """A database at pipeline migration 5 as shipped (id_hash in the server's default codec)."""
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
-        shipped = EVENT_IDS.create_sql().replace(" CODEC(NONE)", "")
-        assert shipped != EVENT_IDS.create_sql()
+        shipped = EVENT_IDS_V5.create_sql().replace(" CODEC(NONE)", "")
+        assert shipped != EVENT_IDS_V5.create_sql()
         for statement in (*LATER_THAN_6, "DROP TABLE event_ids", shipped):
             client.command(statement)
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 6")
         client.command(RECORDED_IDS.format(count=500))
         before = client.query(EVENT_ID_ROWS).result_rows
 
-        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/6", "pipeline/7"]
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/6", "pipeline/7", "pipeline/8"]
         rerun(client, 6)
 
         assert clickhouse.scalar(client, CODEC_QUERY) == "CODEC(NONE)"
@@ -278,8 +279,12 @@ def test_migration_7_gives_every_recorded_id_its_hash_and_later_ids_come_through
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 7")
         client.command(RECORDED_IDS.format(count=500))
 
-        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/7"]
+        assert clickhouse.migrate(client, [PIPELINE]) == ["pipeline/7", "pipeline/8"]
         rerun(client, 7)  # each hash still once
+        rerun(client, 8)
+        # Ids recorded before migration 8 have no known position: never a replay's own claim.
+        assert clickhouse.scalar(
+            client, "SELECT groupUniqArray((source_partition, source_offset)) FROM event_ids") == [(-1, -1)]
 
         hashes = clickhouse.scalar(client, HASHES.format(table="event_id_hashes"))
         assert hashes == clickhouse.scalar(client, HASHES.format(table="event_ids"))

@@ -8,14 +8,17 @@ String column), a server that is away raises OperationalError, and a server-side
 DatabaseError carrying "Code: N". Text sent for a Decimal column is stored as the server
 converts it, including its one silent failure: a value beyond the precision of a Nullable
 Decimal column becomes NULL. Its
-``event_ids`` behaves like the MergeTree table: every recorded copy is kept, in insertion
-order; and an insert carrying an insert_deduplication_token it has seen is dropped, as the
-engine does for a table with non_replicated_deduplication_window.
+``event_ids`` behaves like the MergeTree table: every claim is kept, and read back in the order
+the inserts committed (``ORDER BY _block_number``: here, insertion order); a lightweight DELETE
+removes the claims it names; and an insert into rated_usage carrying an
+insert_deduplication_token it has seen is dropped, as the engine does for a table with
+non_replicated_deduplication_window.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_DOWN, Context, Decimal
@@ -36,8 +39,8 @@ PRIORITY = RATED_USAGE.insert_columns.index("priority")
 TABLES = {table.name: table for table in (RATED_USAGE, EVENT_IDS, DEAD_LETTERS)}
 _WINDOW_START, _PERIOD, _TENANT = (RATED_USAGE.insert_columns.index(name)
                                    for name in ("window_start", "period", "tenant"))
-# event_ids' columns, taken by name from a stored rated_usage row.
-_EVENT_IDS_FROM_RATED = tuple(RATED_USAGE.insert_columns.index(name) for name in EVENT_IDS.insert_columns)
+_CLAIM_PARTITION, _CLAIM_OFFSET = (EVENT_IDS.insert_columns.index(name)
+                                   for name in ("source_partition", "source_offset"))
 _TEXT = re.compile(r"(LowCardinality\()?(Nullable\()?String\)*")
 _DECIMAL = re.compile(r"^(Nullable\()?Decimal\((\d+), *(\d+)\)\)?$")
 
@@ -83,12 +86,17 @@ class FakeResult:
 
 class FakeClickHouseClient:
     def __init__(self, down_for: int = 0, server_error: str | None = None,
-                 event_ids_down_for: int = 0) -> None:
+                 event_ids_down_for: int = 0, rated_usage_down_for: int = 0,
+                 rival_claims: Sequence[Row] = (), rival_first: bool = True) -> None:
         self.tables: dict[str, list[Row]] = {"rated_usage": [], "dead_letters": []}
         self.event_ids: list[Row] = []
         self.tokens: set[str] = set()
         self.down_for = down_for
         self.event_ids_down_for = event_ids_down_for
+        self.rated_usage_down_for = rated_usage_down_for
+        # Claims another sink commits around our first claim insert (before it, or after it).
+        self.rival_claims = list(rival_claims)
+        self.rival_first = rival_first
         self.server_error = server_error
         self.inserts = 0
 
@@ -100,8 +108,14 @@ class FakeClickHouseClient:
         wanted = {line.encode().decode("unicode_escape")
                   for line in external_data.files[0].data.decode().splitlines()}
         if "FROM event_ids" in sql:
+            assert sql.endswith("ORDER BY _block_number"), sql  # the first claim first
             width = 1 + len(FINGERPRINT_COLUMNS)
-            return FakeResult([stored[:width] for stored in self.event_ids if stored[0] in wanted])
+            claims = [(*stored[:width], stored[_CLAIM_PARTITION], stored[_CLAIM_OFFSET])
+                      for stored in self.event_ids if stored[0] in wanted]
+            if "HAVING count() > 1" in sql:
+                counts = Counter(claim[0] for claim in claims)
+                claims = [claim for claim in claims if counts[claim[0]] > 1]
+            return FakeResult(claims)
         return FakeResult([(row[0],) for row in self.tables["rated_usage"] if row[0] in wanted])
 
     def insert(self, table: str | None = None, data: Sequence[Sequence[Any]] | None = None,
@@ -131,8 +145,16 @@ class FakeClickHouseClient:
                 encode_like_the_client(type_name, value, declared.insert_columns[index])
         rows = [stored_like_the_server(declared, types, r) for r in rows]
         if table == EVENT_IDS.name:
+            rivals, self.rival_claims = self.rival_claims, []
+            if self.rival_first:
+                self.event_ids.extend(rivals)
             self.event_ids.extend(rows)
+            if not self.rival_first:
+                self.event_ids.extend(rivals)
             return
+        if table == RATED_USAGE.name and self.rated_usage_down_for > 0:
+            self.rated_usage_down_for -= 1
+            raise OperationalError("connection reset by peer")
         token = (settings or {}).get("insert_deduplication_token")
         if token in self.tokens:
             return
@@ -143,27 +165,15 @@ class FakeClickHouseClient:
     def command(self, cmd: str, parameters: dict[str, Any] | None = None, data: Any = None,
                 settings: dict[str, Any] | None = None, use_database: bool = True,
                 external_data: ExternalData | None = None, transport_settings: Any = None) -> None:
-        """The one command the sink sends: copying stored rows' ids into event_ids server-side
-        (INSERT ... SELECT ... FROM rated_usage WHERE <the batch's scope> LIMIT 1 BY event_id)."""
-        assert cmd.startswith(f"INSERT INTO {EVENT_IDS.name} (") and "FROM rated_usage" in cmd, cmd
-        assert "LIMIT 1 BY event_id" in cmd and external_data is not None and parameters is not None
-        wanted = {line.encode().decode("unicode_escape")
-                  for line in external_data.files[0].data.decode().splitlines()}
+        """The one command the sink sends: a lightweight DELETE of one refused row's claim."""
+        assert cmd.startswith(f"DELETE FROM {EVENT_IDS.name} WHERE") and parameters is not None, cmd
         self.inserts += 1
         if self.down_for > 0:
             self.down_for -= 1
             raise OperationalError("HTTPConnectionPool(host='127.0.0.1', port=8123): connection refused")
-        if self.event_ids_down_for > 0:
-            self.event_ids_down_for -= 1
-            raise OperationalError("connection reset by peer")
-        first, last = (datetime.fromisoformat(parameters[end]) for end in ("first", "last"))
-        copied: dict[str, Row] = {}
-        for stored in self.tables["rated_usage"]:
-            start = stored[_WINDOW_START].astimezone(UTC).replace(tzinfo=None)
-            if (stored[0] in wanted and stored[_PERIOD] in parameters["periods"]
-                    and stored[_TENANT] in parameters["tenants"] and first <= start <= last):
-                copied.setdefault(stored[0], stored)
-        self.event_ids.extend(tuple(stored[i] for i in _EVENT_IDS_FROM_RATED) for stored in copied.values())
+        named = (parameters["id"], parameters["partition"], parameters["offset"])
+        self.event_ids = [claim for claim in self.event_ids
+                          if (claim[0], claim[_CLAIM_PARTITION], claim[_CLAIM_OFFSET]) != named]
 
     def close(self) -> None:
         pass
@@ -295,18 +305,36 @@ def test_a_differing_copy_in_the_same_batch_loses_to_the_first() -> None:
     assert [r[1] for r in client.tables["rated_usage"]] == ["team-a"]
 
 
-def test_rows_stored_before_their_ids_were_recorded_are_not_stored_again() -> None:
-    """A failure between the two inserts: the retry finds the rows on rated_usage's own key."""
+def claim_of(stored: Row) -> Row:
+    """The event_ids claim of a rated row, as the sink writes it."""
+    return tuple(stored[RATED_USAGE.insert_columns.index(c)] for c in EVENT_IDS.insert_columns)
+
+
+def test_a_failure_while_claiming_stores_nothing_and_the_retry_stores_each_row_once() -> None:
     client = FakeClickHouseClient(event_ids_down_for=1)
     sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
     rows = [row(f"e{i}") for i in range(3)]
     with pytest.raises(OperationalError):
         sink.store_rated(rows)
-    assert len(client.tables["rated_usage"]) == 3 and client.event_ids == []
-    retried = sink.store_rated(rows)
-    assert retried.stored == 0
-    assert len(client.tables["rated_usage"]) == 3
+    assert client.tables["rated_usage"] == [] and client.event_ids == []
+    assert sink.store_rated(rows).stored == 3
     assert sorted(r[0] for r in client.event_ids) == ["e0", "e1", "e2"]
+
+
+def test_rows_claimed_but_not_stored_before_a_crash_are_stored_by_the_replay() -> None:
+    """Claimed, then the rated_usage insert failed: the claims are the batch's own (same source
+    positions), so the replay stores the rows; a copy from elsewhere meanwhile is a duplicate."""
+    client = FakeClickHouseClient(rated_usage_down_for=1)
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    rows = [row(f"e{i}", source_partition=2, source_offset=40) for i in range(3)]
+    with pytest.raises(OperationalError):
+        sink.store_rated(rows)
+    assert client.tables["rated_usage"] == [] and len(client.event_ids) == 3
+    elsewhere = sink.store_rated([row("e1", source_partition=5, source_offset=9)])
+    assert (elsewhere.stored, elsewhere.conflicts) == (0, [])
+    assert sink.store_rated(rows).stored == 3
+    assert sink.store_rated(rows).stored == 0  # and once stored, a replay stores nothing
+    assert sorted(r[0] for r in client.tables["rated_usage"]) == ["e0", "e1", "e2"]
 
 
 def test_refused_rows_are_not_recorded_as_billed() -> None:
@@ -314,22 +342,48 @@ def test_refused_rows_are_not_recorded_as_billed() -> None:
     sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
     sink.store_rated([row("e1", priority=3_000_000_000), row("e2")])
     assert [r[0] for r in client.event_ids] == ["e2"]
+    # A storable copy of the refused id later is billed, not taken for its duplicate.
+    assert sink.store_rated([row("e1", source_offset=7)]).stored == 1
 
 
-def test_a_copy_of_either_of_two_raced_copies_is_a_duplicate_and_others_conflict_with_the_first() -> None:
-    """Two sinks that raced both recorded their copy: neither is billed again, nothing else is."""
+def test_the_first_claim_decides_for_every_later_copy() -> None:
     client = FakeClickHouseClient()
     sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
-    first, raced = row("e1"), row("e1", tenant="team-b")
-    client.event_ids.extend(tuple(r[RATED_USAGE.insert_columns.index(c)] for c in EVENT_IDS.insert_columns)
-                            for r in (first, raced))
-    result = sink.store_rated([row("e1", tenant="team-b")])
-    assert (result.stored, result.conflicts) == (0, [])
-    other = sink.store_rated([row("e1", quantity=Decimal(2), unit_seconds=Decimal(7200))])
+    first = row("e1", source_partition=0, source_offset=1)
+    raced = row("e1", tenant="team-b", source_partition=3, source_offset=8)
+    client.event_ids.extend(claim_of(r) for r in (first, raced))  # two claims, first first
+    same_as_raced = sink.store_rated([row("e1", tenant="team-b", source_partition=4, source_offset=2)])
+    assert same_as_raced.stored == 0
+    assert [reason for _, reason in same_as_raced.conflicts] == [
+        "event_id e1 was already billed with different tenant"]
+    same_as_first = sink.store_rated([row("e1", source_partition=4, source_offset=3)])
+    assert (same_as_first.stored, same_as_first.conflicts) == (0, [])
+    other = sink.store_rated([row("e1", quantity=Decimal(2), unit_seconds=Decimal(7200), source_offset=4)])
     assert other.stored == 0
-    # Reported against the first recorded copy: quantity differs from it, tenant does not.
     assert [reason for _, reason in other.conflicts] == [
         "event_id e1 was already billed with different quantity, unit_seconds"]
+    assert client.tables["rated_usage"] == []  # no copy here was the first claim's own
+
+
+@pytest.mark.parametrize(
+    ("rival_first", "stored", "conflicts"),
+    [
+        pytest.param(True, 0, ["team-a"], id="a-rival-claim-committed-just-before-ours-wins"),
+        pytest.param(False, 1, [], id="our-claim-committed-first-wins"),
+    ],
+)
+def test_two_sinks_claiming_one_id_at_once_agree_on_the_first(
+    rival_first: bool, stored: int, conflicts: list[str]
+) -> None:
+    """Another worker claims e1 under team-b between our lookup and our read-back: whichever
+    claim committed first is billed; the other sink's copy is a conflict."""
+    rival = claim_of(row("e1", tenant="team-b", source_partition=3, source_offset=8))
+    client = FakeClickHouseClient(rival_claims=[rival], rival_first=rival_first)
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    result = sink.store_rated([row("e1", source_partition=0, source_offset=1), row("e2")])
+    assert result.stored == stored + 1  # e2 is nobody else's
+    assert [r[1] for r, _ in result.conflicts] == conflicts
+    assert sorted(r[0] for r in client.tables["rated_usage"]) == (["e1", "e2"] if stored else ["e2"])
 
 
 def test_each_insert_is_named_by_exactly_its_rows() -> None:
