@@ -203,8 +203,10 @@ def service_pids(settings: Settings) -> dict[str, int]:
     """Processes of the local services of `gpumeter up` that run here: their CPU per sample is
     the rest of this machine's budget (none when they are elsewhere)."""
     local = services.LocalServices.from_settings(settings)
-    found = {"Kafka broker": local.broker.pid(),
-             "ClickHouse server": local.clickhouse.pid() if local.clickhouse is not None else None}
+    nodes = local.kafka.nodes
+    found = {("Kafka broker" if len(nodes) == 1 else f"Kafka node {node.node_id}"): node.pid()
+             for node in nodes}
+    found["ClickHouse server"] = local.clickhouse.pid() if local.clickhouse is not None else None
     return {name: pid for name, pid in found.items() if pid}
 
 
