@@ -19,7 +19,6 @@ import functools
 import json
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,21 +51,14 @@ from testkit.kube_cluster import (
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 from tests.kube.test_rbac import apply_rbac, service_account_client
 from tests.services import run_cli
+from tests.support import polling
 
 pytestmark = [pytest.mark.kube, pytest.mark.integration]
 
 WAIT_S = 90.0
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+eventually = functools.partial(polling.eventually, timeout=WAIT_S)
 
 
 # -- the cluster --------------------------------------------------------------------------------
@@ -749,7 +741,7 @@ def test_usage_through_the_real_worker_crosses_gpu_hours_and_evicts_through_a_wo
             finally:
                 client.close()
 
-        eventually(rated_everything, f"all 8 samples rated; worker: {second.log_tail()}", 180)
+        eventually(rated_everything, f"all 8 samples rated; worker: {second.log_tail()}", timeout=180)
         eventually(lambda: handled_everything(settings), "quota events handled")
         assert watch.noticed(ns_a, "a-guard") == [] and cluster.alive(ns_a, "a-guard")
         assert watch.noticed(ns_b, "b-1") == [] and cluster.alive(ns_b, "b-1")
