@@ -6,7 +6,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from testkit.kube_cluster import GPU_RESOURCE
+from gpumeter.core.kube import GPU_RESOURCE
 
 # Each test keeps its pods on its own nodes: the nodes carry this label, the pods select it.
 POOL_LABEL = "gpumeter.io/test-pool"

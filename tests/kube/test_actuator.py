@@ -32,7 +32,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
-from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, EVICTION_NOTICE_ANNOTATION
+from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, CAPACITY_TYPE_LABEL, EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS, QUOTA_EVENTS
@@ -42,7 +42,6 @@ from scheduler_hooks.actuator.service import Actuator
 from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.cluster.kube_objects import parse_notice
 from testkit.kube_cluster import (
-    CAPACITY_TYPE_LABEL,
     VOLCANO_GROUP,
     VOLCANO_VERSION,
     Kube,

@@ -16,10 +16,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from gpumeter.core.kube import CAPACITY_TYPE_LABEL, GPU_RESOURCE
 from testkit.kube_cluster import (
-    CAPACITY_TYPE_LABEL,
     GPU_PRODUCT_LABEL,
-    GPU_RESOURCE,
     TOPOLOGY_ANNOTATION,
     VOLCANO_GROUP,
     VOLCANO_VERSION,

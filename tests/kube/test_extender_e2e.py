@@ -28,13 +28,13 @@ import yaml
 from kubernetes import client as k8s
 
 from gpumeter.core import topics
-from gpumeter.core.kube import TENANT_LABEL
+from gpumeter.core.kube import GPU_RESOURCE, TENANT_LABEL
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.cluster.feeds import kube_feeds
-from testkit.kube_cluster import GPU_RESOURCE, Kube, free_port
+from testkit.kube_cluster import Kube, free_port
 from testkit.live_hooks import LiveHooks
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 from tests.kube.pods import POOL_LABEL, pod_manifest
