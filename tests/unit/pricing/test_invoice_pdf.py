@@ -52,7 +52,10 @@ def tokens(text: str) -> list[str]:
     return text.split()
 
 
-@pytest.mark.parametrize(("paper", "size"), [("A4", (595.28, 841.89)), ("Letter", (612.0, 792.0))])
+@pytest.mark.parametrize(
+    ("paper", "size"),
+    [pytest.param("A4", (595.28, 841.89), id="A4"), pytest.param("Letter", (612.0, 792.0), id="Letter")],
+)
 def test_pdf_carries_every_line_the_totals_the_number_and_the_hash(
     paper: str, size: tuple[float, float]
 ) -> None:
