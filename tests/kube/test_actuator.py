@@ -721,7 +721,7 @@ def test_usage_through_the_real_worker_crosses_gpu_hours_and_evicts_through_a_wo
             eventually(
                 functools.partial(cluster.gone, ns_a, name),
                 f"{name} evicted; worker: {first.log_tail()}",
-                180,
+                timeout=180,
             )
         # SIGKILL mid-stream; a new worker takes over from whatever was committed and the stream goes on.
         first.kill9()
