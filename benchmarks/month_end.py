@@ -46,7 +46,7 @@ from gpumeter.app.runtime import services
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core import jsonio, topics
 from gpumeter.core.ratecard import load_rate_cards
-from gpumeter.core.records import RecordBatcher
+from gpumeter.core.records import tenant_records
 from gpumeter.core.settings import Settings, load_settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra import schema as tables
@@ -109,12 +109,7 @@ def publish(settings: Settings, samples: list[dict[str, Any]]) -> None:
     """As node agents do: one record per tenant of up to the batcher's size."""
     producer = kafka.make_producer(settings.kafka)
     topic = settings.kafka.topic(topics.SAMPLES)
-    batcher = RecordBatcher()
-    for sample in samples:
-        ready = batcher.add(sample["tenant"].encode(), jsonio.dumpb(sample))
-        if ready is not None:
-            producer.send(topic, key=ready[0], value=ready[1])
-    for key, record, _count in batcher.drain():
+    for key, record in tenant_records(samples):
         producer.send(topic, key=key, value=record)
     producer.flush()
     producer.close()

@@ -38,7 +38,7 @@ from gpumeter.app.runtime import services
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core import jsonio, topics
 from gpumeter.core.ratecard import load_rate_cards
-from gpumeter.core.records import RecordBatcher, split
+from gpumeter.core.records import split, tenant_records
 from gpumeter.core.settings import Settings, load_settings
 from gpumeter.core.topics import TopicSpec
 from gpumeter.infra import clickhouse, kafka
@@ -74,9 +74,7 @@ def _consume_until(bootstrap: str, topic: str, expected: int, finished: Any) -> 
 def raw_kafka(settings: Settings, samples: list[dict[str, Any]]) -> float:
     """The same bytes, framed the same way, produced by this process and consumed by another
     with no processing (as the worker is another process): samples per second end to end."""
-    batcher = RecordBatcher()
-    framed = [r for s in samples if (r := batcher.add(s["tenant"].encode(), jsonio.dumpb(s)))]
-    framed.extend(batcher.drain())
+    framed = list(tenant_records(samples))
     name = settings.kafka.topic("raw")
     kafka.ensure_topics(settings.kafka, [TopicSpec("raw", "samples")])
     finished: Any = multiprocessing.Queue()
@@ -86,7 +84,7 @@ def raw_kafka(settings: Settings, samples: list[dict[str, Any]]) -> float:
     time.sleep(2.0)  # the consumer has its partitions before the clock starts
     producer = kafka.make_producer(settings.kafka)
     started = time.time()
-    for key, record, _count in framed:
+    for key, record in framed:
         producer.send(name, key=key, value=record)
     producer.flush()
     ended = finished.get(timeout=600)
@@ -144,14 +142,10 @@ def publish(settings: Settings, samples: list[dict[str, Any]], rate: float | Non
             delay = started + first / rate - time.time()
             if delay > 0:
                 time.sleep(delay)
-        batcher = RecordBatcher()
         now = time.time()
-        for sample in samples[first:first + tick]:
-            sent[sample["event_id"]] = now
-            ready = batcher.add(sample["tenant"].encode(), jsonio.dumpb(sample))
-            if ready is not None:
-                producer.send(topic, key=ready[0], value=ready[1])
-        for key, record, _count in batcher.drain():
+        chunk = samples[first:first + tick]
+        sent.update((sample["event_id"], now) for sample in chunk)
+        for key, record in tenant_records(chunk):
             producer.send(topic, key=key, value=record)
     producer.flush()
     producer.close()

@@ -34,8 +34,8 @@ SIX = Decimal("0.000001")
 
 
 @dataclass(frozen=True)
-class GpuWindow:
-    """One rated gpu sample (a row of rated_usage with kind = 'gpu')."""
+class PodGpus:
+    """Whose GPUs, where and of which model: what a window and the advice on its pod share."""
 
     tenant: str
     cluster: str
@@ -46,6 +46,12 @@ class GpuWindow:
     gpu_model: str
     mig_profile: str | None
     capacity_type: str
+
+
+@dataclass(frozen=True)
+class GpuWindow(PodGpus):
+    """One rated gpu sample (a row of rated_usage with kind = 'gpu')."""
+
     window_start: datetime
     window_end: datetime
     quantity: Decimal
@@ -73,17 +79,8 @@ class IdleRule:
 
 
 @dataclass(frozen=True)
-class IdleAdvice:
+class IdleAdvice(PodGpus):
     advice_id: str
-    tenant: str
-    cluster: str
-    node: str
-    namespace: str
-    pod: str
-    pod_uid: str
-    gpu_model: str
-    mig_profile: str | None
-    capacity_type: str
     gpus: Decimal
     idle_since: datetime
     last_seen: datetime

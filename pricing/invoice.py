@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpumeter.core.money import SECONDS_PER_HOUR, exact, format_money, format_quantity, round_money
-from gpumeter.core.ratecard import Rate, RateCardSet
+from gpumeter.core.ratecard import Rate, RateCard, RateCardSet
 from gpumeter.core.tenants import TenantPolicy
 from pricing.rating import find_rate
 from pricing.terms import credit_sources, credits_remaining, draw
@@ -170,8 +170,8 @@ def bands(rate: Rate, quantity: Decimal) -> list[Band]:
     return filled
 
 
-def rate_of(cards: RateCardSet, key: LineKey) -> tuple[Rate, Decimal]:
-    """The rate and capacity multiplier that price a line."""
+def _card_and_rate(cards: RateCardSet, key: LineKey) -> tuple[RateCard, Rate]:
+    """The card a line was rated with and its rate for the line, or InvoiceError."""
     try:
         card = cards.by_version(key.rate_card)
     except KeyError:
@@ -179,20 +179,19 @@ def rate_of(cards: RateCardSet, key: LineKey) -> tuple[Rate, Decimal]:
     rate = find_rate(card, key.kind, key.gpu_model, key.mig_profile)
     if rate is None:
         raise InvoiceError(f"rate card {key.rate_card} has no rate for {key}")
+    return card, rate
+
+
+def rate_of(cards: RateCardSet, key: LineKey) -> tuple[Rate, Decimal]:
+    """The rate and capacity multiplier that price a line."""
+    card, rate = _card_and_rate(cards, key)
     return rate, card.capacity_multipliers[key.capacity_type]
 
 
 def line_amount(cards: RateCardSet, usage: UsageLine) -> tuple[Decimal, Decimal, str]:
     """(unit-hours, amount rounded to cents, currency) for one line."""
-    key = usage.key
-    try:
-        card = cards.by_version(key.rate_card)
-    except KeyError:
-        raise InvoiceError(f"rate card {key.rate_card} is not loaded; cannot price {key}") from None
-    rate = find_rate(card, key.kind, key.gpu_model, key.mig_profile)
-    if rate is None:
-        raise InvoiceError(f"rate card {key.rate_card} has no rate for {key}")
-    multiplier = card.capacity_multipliers[key.capacity_type]
+    card, rate = _card_and_rate(cards, usage.key)
+    multiplier = card.capacity_multipliers[usage.key.capacity_type]
     with exact():
         quantity = usage.unit_seconds / SECONDS_PER_HOUR
         amount = tiered_amount_seconds(rate, usage.unit_seconds) * multiplier / SECONDS_PER_HOUR

@@ -34,17 +34,17 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from gpumeter.core.kube import CAPACITY_TYPE_LABEL, GPU_RESOURCE
+from gpumeter.core.models import CAPACITY_TYPES
+
 # tests/kube holds the pinned Kubernetes release (go.mod) and build.sh.
 KUBE_TESTS = Path(__file__).resolve().parent.parent / "tests" / "kube"
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_VALUE = "fake"
-GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
-CAPACITY_TYPE_LABEL = "gpumeter.io/capacity-type"
 TOPOLOGY_ANNOTATION = "gpumeter.io/gpu-topology"
-CAPACITY_TYPES = ("on-demand", "spot", "reserved")
 
 ADMIN_USER = "gpumeter-test-admin"
 VOLCANO_GROUP = "scheduling.volcano.sh"

@@ -179,7 +179,7 @@ class Publisher:
     ) -> list[int]:
         """Send and wait; returns the indexes of the messages the broker did not acknowledge.
 
-        Samples go out as multi-sample records per tenant (gpumeter/records.py): the worker
+        Samples go out as multi-sample records per tenant (gpumeter/core/records.py): the worker
         pays its per-record cost once per record, not once per sample. A record that is
         not acknowledged fails every sample in it, so those are spooled and replayed.
         ``join=False`` sends one message per record (compacted state topics).

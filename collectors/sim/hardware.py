@@ -29,8 +29,8 @@ one 2-slice and one 3-slice instance (A100-40GB: ``1g.5gb`` x2, ``2g.10gb``, ``3
 as the node agent bills it.
 
 Model names are the rate-card names the node agent derives from NVML product names
-(collectors/agent/nvml_inventory.py ``_KNOWN_MODELS``); ``B200-SXM-180GB`` is not in that table yet
-(the agent would name a B200 ``B200-179GB`` from its memory size): see the sim-fleet notes.
+(collectors/agent/nvml_inventory.py ``_KNOWN_MODELS``, which names an ``NVIDIA B200``
+``B200-SXM-180GB`` as the fleet here does).
 """
 
 from __future__ import annotations

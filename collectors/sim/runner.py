@@ -15,7 +15,7 @@ from typing import Any
 from collectors.sim.fleet import FleetConfig, SimulatedFleet
 from gpumeter.core import jsonio, topics
 from gpumeter.core.models import NodeTopology
-from gpumeter.core.records import RecordBatcher
+from gpumeter.core.records import tenant_records
 from gpumeter.core.settings import Settings
 from gpumeter.infra.kafka import make_producer
 
@@ -58,16 +58,11 @@ class FleetPublisher:
         return sent
 
     def publish_window(self) -> list[dict[str, Any]]:
-        """One window of the fleet, as multi-sample records per tenant (gpumeter/records.py),
+        """One window of the fleet, as multi-sample records per tenant (gpumeter/core/records.py),
         then every node's allocation for that window."""
         self.publish_topology()
         samples = self.fleet.step_dicts()
-        batcher = RecordBatcher()
-        for sample in samples:
-            ready = batcher.add(sample["tenant"].encode(), jsonio.dumpb(sample))
-            if ready is not None:
-                self.producer.send(self.samples_topic, key=ready[0], value=ready[1])
-        for key, record, _count in batcher.drain():
+        for key, record in tenant_records(samples):
             self.producer.send(self.samples_topic, key=key, value=record)
         self.published += len(samples)
         self.publish_topology()  # a reclaimed spot node back on a new machine: its new layout first

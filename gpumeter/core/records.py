@@ -9,7 +9,10 @@ the pipeline's throughput scales with samples per record
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from gpumeter.core import jsonio
 
 MAX_BATCH_SAMPLES = 500
 # Well under Kafka's default 1 MiB message limit, with room for headers and framing.
@@ -57,6 +60,18 @@ class RecordBatcher:
                 yield key, join(lines), len(lines)
         self._lines.clear()
         self._sizes.clear()
+
+
+def tenant_records(samples: Iterable[Mapping[str, Any]]) -> Iterator[tuple[bytes, bytes]]:
+    """Sample documents as the records a node agent sends: (tenant key, record), the full
+    batches as they fill, then the rest; lazily, so each record can be sent as it comes."""
+    batcher = RecordBatcher()
+    for sample in samples:
+        ready = batcher.add(sample["tenant"].encode(), jsonio.dumpb(sample))
+        if ready is not None:
+            yield ready[0], ready[1]
+    for key, record, _count in batcher.drain():
+        yield key, record
 
 
 def group_by_key(

@@ -1,8 +1,12 @@
-//! The crate's one cache type: a map bounded by its number of entries.
+//! The crate's one cache type, a map bounded by its number of entries, and the Python
+//! strings both native paths keep in one.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::Hash;
+
+use pyo3::prelude::*;
+use pyo3::types::PyString;
 
 /// Entries each cache holds at most: a fleet repeats a few thousand windows, ratings and
 /// texts per window, far below this.
@@ -53,6 +57,21 @@ impl<K: Eq + Hash, V> BoundedCache<K, V> {
 impl<K: Eq + Hash, V> Default for BoundedCache<K, V> {
     fn default() -> Self {
         BoundedCache::new(CACHE_LIMIT)
+    }
+}
+
+/// Python strings made once per distinct text: the names a fleet repeats in every window.
+#[derive(Default)]
+pub struct PyStrings(BoundedCache<String, Py<PyString>>);
+
+impl PyStrings {
+    pub fn get<'py>(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyAny> {
+        if let Some(found) = self.0.get(text) {
+            return found.bind(py).clone().into_any();
+        }
+        let made = PyString::new(py, text);
+        self.0.insert(text.to_owned(), made.clone().unbind());
+        made.into_any()
     }
 }
 

@@ -17,7 +17,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
-use crate::cache::BoundedCache;
+use crate::cache::{BoundedCache, PyStrings};
 use crate::json::{self, Sample};
 use crate::row::{RowLayout, SampleField, Source};
 use crate::validate;
@@ -118,20 +118,11 @@ pub struct NativeRater {
     layout: RowLayout,
     windows: BoundedCache<Vec<u8>, Option<Arc<Window>>>,
     ratings: BoundedCache<Vec<u8>, Option<Arc<Rating>>>,
-    strings: BoundedCache<String, Py<PyString>>,
+    strings: PyStrings,
     decimals: BoundedCache<String, Py<PyAny>>,
 }
 
 impl NativeRater {
-    fn string<'py>(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyAny> {
-        if let Some(found) = self.strings.get(text) {
-            return found.bind(py).clone().into_any();
-        }
-        let made = PyString::new(py, text);
-        self.strings.insert(text.to_owned(), made.clone().unbind());
-        made.into_any()
-    }
-
     fn decimal<'py>(&mut self, py: Python<'py>, text: &str, cached: bool) -> PyResult<Bound<'py, PyAny>> {
         if !cached {
             return self.decimal.bind(py).call1((text,));
@@ -289,13 +280,13 @@ impl NativeRater {
         Ok(match field {
             // Ids rarely repeat: not worth a cache entry.
             SampleField::EventId => PyString::new(py, sample.event_id).into_any(),
-            SampleField::Tenant => self.string(py, sample.tenant),
-            SampleField::Kind => self.string(py, sample.kind),
-            SampleField::Cluster => self.string(py, sample.cluster),
-            SampleField::Node => self.string(py, sample.node),
-            SampleField::Namespace => self.string(py, sample.namespace),
-            SampleField::Pod => self.string(py, sample.pod),
-            SampleField::PodUid => self.string(py, sample.pod_uid),
+            SampleField::Tenant => self.strings.get(py, sample.tenant),
+            SampleField::Kind => self.strings.get(py, sample.kind),
+            SampleField::Cluster => self.strings.get(py, sample.cluster),
+            SampleField::Node => self.strings.get(py, sample.node),
+            SampleField::Namespace => self.strings.get(py, sample.namespace),
+            SampleField::Pod => self.strings.get(py, sample.pod),
+            SampleField::PodUid => self.strings.get(py, sample.pod_uid),
             SampleField::Priority => fields.priority.into_pyobject(py)?.into_any(),
             SampleField::Utilization => match fields.utilization {
                 Some(text) => self.decimal(py, text, true)?,
@@ -309,7 +300,7 @@ impl NativeRater {
             SampleField::Labels => {
                 let labels = PyDict::new(py);
                 for (key, value) in &fields.labels.0 {
-                    labels.set_item(self.string(py, key), PyString::new(py, value))?;
+                    labels.set_item(self.strings.get(py, key), PyString::new(py, value))?;
                 }
                 labels.into_any()
             }
@@ -392,7 +383,7 @@ impl NativeRater {
             layout: RowLayout::new(&columns).map_err(PyValueError::new_err)?,
             windows: BoundedCache::default(),
             ratings: BoundedCache::default(),
-            strings: BoundedCache::default(),
+            strings: PyStrings::default(),
             decimals: BoundedCache::default(),
         })
     }

@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
-use crate::cache::BoundedCache;
+use crate::cache::{BoundedCache, PyStrings};
 use crate::json;
 use crate::validate::{self, CAPACITY_TYPES, KINDS};
 
@@ -17,7 +17,7 @@ pub struct RatedReader {
     usage: Py<PyAny>,
     moments: BoundedCache<String, Py<PyAny>>,
     numbers: BoundedCache<String, Py<PyAny>>,
-    strings: BoundedCache<String, Py<PyString>>,
+    strings: PyStrings,
 }
 
 /// `make(text)` through `cache`; a None from `make` (a text it refuses) is not kept.
@@ -39,15 +39,6 @@ fn cached<'py>(
 }
 
 impl RatedReader {
-    fn string<'py>(&mut self, py: Python<'py>, text: &str) -> Bound<'py, PyAny> {
-        if let Some(found) = self.strings.get(text) {
-            return found.bind(py).clone().into_any();
-        }
-        let made = PyString::new(py, text);
-        self.strings.insert(text.to_owned(), made.clone().unbind());
-        made.into_any()
-    }
-
     fn read_line<'py>(&mut self, py: Python<'py>, line: &[u8]) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let Some(rated) = json::rated_line(line) else {
             return Ok(None);
@@ -90,17 +81,17 @@ impl RatedReader {
             py,
             [
                 PyString::new(py, rated.event_id).into_any(),
-                self.string(py, rated.tenant),
-                self.string(py, rated.kind),
-                self.string(py, rated.namespace),
-                self.string(py, rated.pod),
-                self.string(py, rated.pod_uid),
+                self.strings.get(py, rated.tenant),
+                self.strings.get(py, rated.kind),
+                self.strings.get(py, rated.namespace),
+                self.strings.get(py, rated.pod),
+                self.strings.get(py, rated.pod_uid),
                 start,
                 end,
                 quantity,
                 unit_seconds,
                 list_cost,
-                self.string(py, capacity_type),
+                self.strings.get(py, capacity_type),
                 priority.into_pyobject(py)?.into_any(),
             ],
         )?;
@@ -129,7 +120,7 @@ impl RatedReader {
             usage,
             moments: BoundedCache::default(),
             numbers: BoundedCache::default(),
-            strings: BoundedCache::default(),
+            strings: PyStrings::default(),
         }
     }
 

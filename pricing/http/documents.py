@@ -11,12 +11,17 @@ class ErrorBody(BaseModel):
     error: str
 
 
-class LineDocument(BaseModel):
+class _LineKeyDocument(BaseModel):
+    """What identifies a line (pricing.invoice.LineKey), first in every line document."""
+
     rate_card: str
     kind: str
     gpu_model: str | None
     mig_profile: str | None
     capacity_type: str
+
+
+class LineDocument(_LineKeyDocument):
     quantity: str
     amount: str
 
@@ -48,12 +53,7 @@ class MonthDocument(InvoiceDocument):
     adjustments: list[InvoiceDocument] | None = None
 
 
-class UsageLineDocument(BaseModel):
-    rate_card: str
-    kind: str
-    gpu_model: str | None
-    mig_profile: str | None
-    capacity_type: str
+class UsageLineDocument(_LineKeyDocument):
     quantity: str
     list_cost: str
     samples: int

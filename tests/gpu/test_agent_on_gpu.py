@@ -28,11 +28,12 @@ import pytest
 
 from collectors.agent.collector import NodeCollector
 from collectors.agent.nvml_inventory import gpu_model_name
-from collectors.agent.nvml_source import NvmlSource, NvmlUnavailable
+from collectors.agent.nvml_source import NvmlSource
 from collectors.agent.podmeta import StaticPodMetadata
 from collectors.agent.podresources import PodResourcesClient
 from testkit.cluster_state import pod
 from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
+from tests.gpu.real_nvml import started_source
 
 pytestmark = [pytest.mark.agent, pytest.mark.gpu]
 
@@ -60,18 +61,8 @@ except ImportError:
 
 @pytest.fixture(scope="module")
 def source() -> Iterator[NvmlSource]:
-    real = NvmlSource()  # the real pynvml module
-    try:
-        real.start()
-    except NvmlUnavailable as exc:
-        pytest.skip(f"NOT RUN, NOT COVERED: needs a real NVIDIA GPU and driver; NVML did not start ({exc})")
-    if not real.inventory:
-        real.stop()
-        pytest.skip("NOT RUN, NOT COVERED: NVML started but reports no GPU")
-    try:
+    with started_source(require_gpu=True) as real:
         yield real
-    finally:
-        real.stop()
 
 
 def nvml() -> Any:

@@ -13,22 +13,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from collectors.agent.nvml_source import NvmlSource, NvmlUnavailable
+from collectors.agent.nvml_source import NvmlSource
+from tests.gpu.real_nvml import started_source
 
 pytestmark = [pytest.mark.agent, pytest.mark.gpu]
 
 
 @pytest.fixture
 def source() -> Iterator[NvmlSource]:
-    real = NvmlSource()  # the real pynvml module
-    try:
-        real.start()
-    except NvmlUnavailable as exc:
-        pytest.skip(f"NOT RUN, NOT COVERED: needs a real NVIDIA GPU and driver; NVML did not start ({exc})")
-    try:
+    with started_source() as real:
         yield real
-    finally:
-        real.stop()
 
 
 def test_inventory_is_sane(source: NvmlSource) -> None:

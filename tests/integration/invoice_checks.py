@@ -46,6 +46,20 @@ def assert_invoices_match(produced: dict[tuple[str, str], dict[str, Any]],
         assert produced[key]["subtotal"] == "0.00", key
 
 
+def assert_invoices_are_the_reference(settings: Settings, samples: list[dict[str, Any]], out: Path) -> None:
+    """The CLI's invoices (written to ``out``) for every period of ``samples`` are the reference's."""
+    expected = expected_invoices(samples)
+    produced = produced_invoices(settings, {p for _, p in expected}, out)
+    assert_invoices_match(produced, expected)
+
+
+def assert_every_sample_stored_once(settings: Settings, samples: list[dict[str, Any]]) -> None:
+    stored = count_rows(settings, "SELECT count() FROM rated_usage")
+    assert stored == len(samples), f"{stored} rows stored for {len(samples)} samples"
+    events = count_rows(settings, "SELECT uniqExact(event_id) FROM rated_usage")
+    assert events == len(samples), f"{events} distinct event ids stored for {len(samples)} samples"
+
+
 def scrape(port: int) -> dict[str, float]:
     """The worker's /metrics as {name{labels}: value}."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

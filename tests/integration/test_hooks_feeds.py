@@ -7,9 +7,9 @@ keys, tombstones on the compacted topics); the feed runs in the production serve
 
 from __future__ import annotations
 
-import time
+import functools
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +23,7 @@ from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.cluster.feeds import KafkaFeed
 from testkit.live_hooks import LiveHooks
 from tests.services import Endpoints, delete_topics
+from tests.support import polling
 
 pytestmark = pytest.mark.integration
 
@@ -34,15 +35,7 @@ TENANTS = TenantsFile(tenants=[
 ])
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
+eventually = functools.partial(polling.eventually, interval=0.1)
 
 
 def event(tenant: str, metric: str, level: str, period: str = "2026-11", n: int = 0) -> QuotaEvent:

@@ -512,16 +512,16 @@ def _openssl(*args: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+# A fresh unencrypted P-256 key, for the CA and every leaf.
+NEW_EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
 def _ca(directory: Path, name: str) -> tuple[Path, Path]:
     key, cert = directory / f"{name}.key", directory / f"{name}.crt"
     _openssl(
         "req",
         "-x509",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
+        *NEW_EC_KEY,
         "-keyout",
         str(key),
         "-out",
@@ -543,11 +543,7 @@ def _leaf(directory: Path, name: str, ca: tuple[Path, Path], extensions: str) ->
     ext.write_text(extensions + "\n")
     _openssl(
         "req",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
+        *NEW_EC_KEY,
         "-keyout",
         str(key),
         "-out",

@@ -19,7 +19,6 @@ import functools
 import json
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,7 +32,7 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
-from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, EVICTION_NOTICE_ANNOTATION
+from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, CAPACITY_TYPE_LABEL, EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS, QUOTA_EVENTS
@@ -43,7 +42,6 @@ from scheduler_hooks.actuator.service import Actuator
 from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.cluster.kube_objects import parse_notice
 from testkit.kube_cluster import (
-    CAPACITY_TYPE_LABEL,
     VOLCANO_GROUP,
     VOLCANO_VERSION,
     Kube,
@@ -52,21 +50,14 @@ from testkit.kube_cluster import (
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 from tests.kube.test_rbac import apply_rbac, service_account_client
 from tests.services import run_cli
+from tests.support import polling
 
 pytestmark = [pytest.mark.kube, pytest.mark.integration]
 
 WAIT_S = 90.0
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+eventually = functools.partial(polling.eventually, timeout=WAIT_S)
 
 
 # -- the cluster --------------------------------------------------------------------------------
@@ -730,7 +721,7 @@ def test_usage_through_the_real_worker_crosses_gpu_hours_and_evicts_through_a_wo
             eventually(
                 functools.partial(cluster.gone, ns_a, name),
                 f"{name} evicted; worker: {first.log_tail()}",
-                180,
+                timeout=180,
             )
         # SIGKILL mid-stream; a new worker takes over from whatever was committed and the stream goes on.
         first.kill9()
@@ -749,7 +740,7 @@ def test_usage_through_the_real_worker_crosses_gpu_hours_and_evicts_through_a_wo
             finally:
                 client.close()
 
-        eventually(rated_everything, f"all 8 samples rated; worker: {second.log_tail()}", 180)
+        eventually(rated_everything, f"all 8 samples rated; worker: {second.log_tail()}", timeout=180)
         eventually(lambda: handled_everything(settings), "quota events handled")
         assert watch.noticed(ns_a, "a-guard") == [] and cluster.alive(ns_a, "a-guard")
         assert watch.noticed(ns_b, "b-1") == [] and cluster.alive(ns_b, "b-1")

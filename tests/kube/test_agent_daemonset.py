@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +21,11 @@ from kubernetes import client as k8s
 
 from testkit.kube_cluster import Kube
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.agent, pytest.mark.kube]
 
 ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 60.0
 
 
 def documents(text: str) -> list[dict[str, Any]]:
@@ -37,17 +35,6 @@ def documents(text: str) -> list[dict[str, Any]]:
 def the_daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
     (found,) = [d for d in docs if d["kind"] == "DaemonSet"]
     return found
-
-
-def eventually(check: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def test_the_gke_overlay_renders_and_is_accepted(kube: Kube, kube_namespace: str) -> None:

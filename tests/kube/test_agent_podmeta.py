@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+import functools
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client as k8s
 
 from collectors.agent.podmeta import KubePodMetadata
 from testkit.kube_cluster import Kube
+from tests.support import polling
 
 pytestmark = [pytest.mark.agent, pytest.mark.kube]
 
@@ -18,14 +18,7 @@ NODE = "agent-gpu-node"
 PRIORITY_CLASS = "agent-test-priority"
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+eventually = functools.partial(polling.eventually, timeout=30.0)
 
 
 def make_pod(namespace: str, name: str, node: str, labels: dict[str, str] | None = None) -> k8s.V1Pod:

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import functools
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from gpumeter.core.kube import CAPACITY_TYPE_LABEL, GPU_RESOURCE
 from testkit.kube_cluster import (
-    CAPACITY_TYPE_LABEL,
     GPU_PRODUCT_LABEL,
-    GPU_RESOURCE,
     TOPOLOGY_ANNOTATION,
     VOLCANO_GROUP,
     VOLCANO_VERSION,
@@ -28,23 +26,11 @@ from testkit.kube_cluster import (
     has_condition,
 )
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
+from tests.kube.pods import POOL_LABEL, pod_manifest
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.kube
 
-WAIT_S = 60.0
-POOL_LABEL = "gpumeter.io/test-pool"
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    """Poll until check() returns something truthy; return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -56,40 +42,6 @@ def api(kube: Kube) -> Iterator[k8s.ApiClient]:
 @pytest.fixture
 def core(api: k8s.ApiClient) -> k8s.CoreV1Api:
     return k8s.CoreV1Api(api)
-
-
-def pod_manifest(
-    name: str,
-    *,
-    gpus: int = 0,
-    labels: dict[str, str] | None = None,
-    node_name: str | None = None,
-    pool: str | None = None,
-) -> k8s.V1Pod:
-    resources: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
-    if gpus:
-        resources[GPU_RESOURCE] = str(gpus)
-    spec: dict[str, Any] = {
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.invalid/gpumeter/workload:test",
-                "resources": {"requests": resources, "limits": resources},
-            }
-        ],
-        "terminationGracePeriodSeconds": 0,
-    }
-    if node_name:
-        spec["nodeName"] = node_name  # bound directly: no scheduler involved
-    if pool:
-        spec["nodeSelector"] = {POOL_LABEL: pool}
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": spec,
-    }
-    return k8s.V1Pod.model_validate(manifest)
 
 
 def pod_is_ready(pod: k8s.V1Pod) -> bool:

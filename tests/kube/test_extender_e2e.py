@@ -11,12 +11,12 @@ label. Waits are bounded polls on what the cluster reports, never timing asserti
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -28,35 +28,28 @@ import yaml
 from kubernetes import client as k8s
 
 from gpumeter.core import topics
-from gpumeter.core.kube import TENANT_LABEL
+from gpumeter.core.kube import GPU_RESOURCE, TENANT_LABEL
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.cluster.feeds import kube_feeds
-from testkit.kube_cluster import GPU_RESOURCE, Kube, free_port
+from testkit.kube_cluster import Kube, free_port
 from testkit.live_hooks import LiveHooks
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
+from tests.kube.pods import POOL_LABEL, pod_manifest
+from tests.support import polling
 
 pytestmark = pytest.mark.kube
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "hooks" / "kube-scheduler-config.yaml"
 WAIT_S = 90.0
-POOL_LABEL = "gpumeter.io/test-pool"
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 TENANTS = TenantsFile(tenants=[TenantPolicy(tenant="team-blocked", gpu_hours=Decimal(10), on_exceed="block")])
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+eventually = functools.partial(polling.eventually, timeout=WAIT_S)
 
 
 def scheduler_config(url_prefix: str, *, ignorable: bool | None = None) -> dict[str, Any]:
@@ -70,28 +63,6 @@ def scheduler_config(url_prefix: str, *, ignorable: bool | None = None) -> dict[
     if ignorable is not None:
         extender["ignorable"] = ignorable
     return config
-
-
-def pod_manifest(name: str, pool: str, *, gpus: int = 0, node_name: str | None = None) -> k8s.V1Pod:
-    resources: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
-    if gpus:
-        resources[GPU_RESOURCE] = str(gpus)
-    spec: dict[str, Any] = {
-        "containers": [
-            {
-                "name": "main",
-                "image": "registry.invalid/gpumeter/workload:test",
-                "resources": {"requests": resources, "limits": resources},
-            }
-        ],
-        "terminationGracePeriodSeconds": 0,
-        "nodeSelector": {POOL_LABEL: pool},
-    }
-    if node_name:
-        spec["nodeName"] = node_name  # bound directly, as a running workload would be
-    return k8s.V1Pod.model_validate(
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
-    )
 
 
 def bound_node(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
@@ -178,7 +149,7 @@ def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(
     extender.call(lambda: extender.state.apply_quota_event(exceeded))
     kube_scheduler(scheduler_config(f"{extender.url}/kube"))
 
-    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool, gpus=2))
+    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool=pool, gpus=2))
     message = eventually(
         lambda: scheduling_failure(core, kube_namespace, "trainer"), "FailedScheduling event"
     )
@@ -214,7 +185,7 @@ def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(
     holders = {nvlink: (6, [0, 1, 2, 3, 4, 5])} | {node: (2, [1, 3]) for node in pcie}
     for index, (node, (count, _)) in enumerate(holders.items()):
         core.create_namespaced_pod(
-            kube_namespace, pod_manifest(f"holder-{index}", pool, gpus=count, node_name=node)
+            kube_namespace, pod_manifest(f"holder-{index}", pool=pool, gpus=count, node_name=node)
         )
     for index, (node, (_, indices)) in enumerate(holders.items()):
         meta = core.read_namespaced_pod(f"holder-{index}", kube_namespace).metadata
@@ -239,7 +210,7 @@ def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(
     )
     kube_scheduler(scheduler_config(f"{extender.url}/kube"))
 
-    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool, gpus=2))
+    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool=pool, gpus=2))
     assert eventually(lambda: bound_node(core, kube_namespace, "trainer"), "trainer bound") == nvlink
     assert prioritize_calls(extender) >= 1  # the choice went through our scores
 
@@ -257,8 +228,8 @@ def test_extender_down(
     nobody = f"http://127.0.0.1:{free_port()}/kube"  # nothing listens there
     kube_scheduler(scheduler_config(nobody, ignorable=ignorable))
 
-    core.create_namespaced_pod(kube_namespace, pod_manifest("gpu-pod", pool, gpus=1))
-    core.create_namespaced_pod(kube_namespace, pod_manifest("cpu-pod", pool))
+    core.create_namespaced_pod(kube_namespace, pod_manifest("gpu-pod", pool=pool, gpus=1))
+    core.create_namespaced_pod(kube_namespace, pod_manifest("cpu-pod", pool=pool))
     # Pods without nvidia.com/gpu are never sent to the extender (managedResources).
     eventually(lambda: bound_node(core, kube_namespace, "cpu-pod"), "cpu-pod bound")
     if ignorable:

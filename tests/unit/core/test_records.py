@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from gpumeter.core.records import RecordBatcher, split
+from gpumeter.core import jsonio
+from gpumeter.core.records import RecordBatcher, split, tenant_records
 from testkit import builders
 
 
@@ -42,6 +43,15 @@ def test_batches_respect_the_byte_bound() -> None:
     records += list(batcher.drain())
     assert [count for _, _, count in records] == [3, 3, 1]
     assert all(len(record) <= 3 * (len(line) + 1) for _, record, _ in records)
+
+
+def test_tenant_records_key_each_sample_document_by_its_tenant_in_order() -> None:
+    documents = [json.loads(sample(f"e{i}", tenant="team-a" if i % 2 else "team-b")) for i in range(5)]
+    records = list(tenant_records(documents))
+    assert [key for key, _ in records] == [b"team-b", b"team-a"]
+    for key, record in records:
+        expected = [jsonio.dumpb(d) for d in documents if d["tenant"].encode() == key]
+        assert split(record) == expected
 
 
 def test_group_by_key_maps_every_message_to_one_bounded_record_in_order() -> None:

@@ -83,12 +83,13 @@ def test_texts_computed_by_hand(raw: str, precision: int, scale: int, text: str)
 @pytest.mark.parametrize(
     ("value", "precision", "scale"),
     [
-        (Decimal(10) ** 12, 18, 6),  # utilization's column: the server would store NULL
-        (Decimal(10) ** 26, 38, 12),
-        (Decimal(10) ** 17, 38, 21),
-        (Decimal("-1E+12"), 18, 6),
+        # utilization's column: the server would store NULL
+        pytest.param(Decimal(10) ** 12, 18, 6, id="utilization 1e12"),
+        pytest.param(Decimal(10) ** 26, 38, 12, id="1e26 in 38-12"),
+        pytest.param(Decimal(10) ** 17, 38, 21, id="1e17 in 38-21"),
+        pytest.param(Decimal("-1E+12"), 18, 6, id="-1e12 in 18-6"),
         # within the integer digits, but the client's rounding carries past the precision
-        (Decimal("999999999999.9999999"), 18, 6),
+        pytest.param(Decimal("999999999999.9999999"), 18, 6, id="rounding carries past precision"),
     ],
 )
 def test_values_beyond_the_column_are_refused(value: Decimal, precision: int, scale: int) -> None:
@@ -96,7 +97,9 @@ def test_values_beyond_the_column_are_refused(value: Decimal, precision: int, sc
         decimal_text(value, precision, scale)
 
 
-@pytest.mark.parametrize("value", [Decimal("NaN"), Decimal("Infinity"), "abc", True])
+@pytest.mark.parametrize(
+    "value", [Decimal("NaN"), Decimal("Infinity"), "abc", True], ids=["NaN", "Infinity", "text", "bool"]
+)
 def test_non_numbers_are_refused_as_permanent_errors(value: Any) -> None:
     with pytest.raises(ValueError):  # ValueError: the sink's permanent class, unlike InvalidOperation
         decimal_text(value, 38, 12)

@@ -114,8 +114,10 @@ def test_advice_ids_are_one_per_pod_and_stable_across_evaluations() -> None:
 
 
 @pytest.mark.parametrize("bad", [
-    {"threshold": Decimal(0)}, {"threshold": Decimal("1.5")}, {"sustain": timedelta(0)},
-    {"stale": timedelta(seconds=-1)},
+    pytest.param({"threshold": Decimal(0)}, id="zero threshold"),
+    pytest.param({"threshold": Decimal("1.5")}, id="threshold above 1"),
+    pytest.param({"sustain": timedelta(0)}, id="zero sustain"),
+    pytest.param({"stale": timedelta(seconds=-1)}, id="negative stale"),
 ])
 def test_rule_refuses_meaningless_settings(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):

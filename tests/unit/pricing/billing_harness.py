@@ -14,7 +14,20 @@ from gpumeter.core.money import exact
 from gpumeter.core.ratecard import RateCardSet
 from pricing.invoice import Invoice, LineKey, UsageLine, build_invoice
 from pricing.rating import Rater
-from testkit.builders import CARDS, TENANTS, card_set, tenants_file
+from testkit.builders import A100, CARDS, L4, TENANTS, card_set, sample, tenants_file
+
+
+def mixed_samples() -> list[dict[str, Any]]:
+    """team-a's November: one sample through each kind of line (on-demand, spot, MIG,
+    reserved, cpu, memory), quantities and seconds that round."""
+    return [
+        sample("e1", quantity="1234.5"),
+        sample("e2", capacity_type="spot", quantity="10"),
+        sample("e3", gpu_model=A100, mig_profile="1g.5gb", quantity="0.333333", seconds=7),
+        sample("e4", gpu_model=L4, capacity_type="reserved", quantity="3"),
+        sample("e5", kind="cpu", quantity="64", seconds=1),
+        sample("e6", kind="memory", quantity="512"),
+    ]
 
 
 def aggregate(

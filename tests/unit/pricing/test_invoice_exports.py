@@ -17,7 +17,7 @@ from pricing.exports import CSV_COLUMNS, invoice_csv, invoice_json, write_invoic
 from pricing.invoice import Invoice, InvoiceStatus, adjustment, build_invoice
 from testkit.builders import A100, CARDS, H100, L4, card_set, sample, tenants_file
 from tests.unit import reference_billing as ref
-from tests.unit.pricing.billing_harness import aggregate, run_pipeline
+from tests.unit.pricing.billing_harness import aggregate, mixed_samples, run_pipeline
 
 TOP_KEYS = [
     "tenant", "period", "currency", "status", "lines", "subtotal", "commitment_true_up", "credits", "total",
@@ -28,15 +28,7 @@ QUANTITY = re.compile(r"-?\d+\.\d{6}")
 
 
 def mixed_invoice() -> Invoice:
-    samples = [
-        sample("e1", quantity="1234.5"),
-        sample("e2", capacity_type="spot", quantity="10"),
-        sample("e3", gpu_model=A100, mig_profile="1g.5gb", quantity="0.333333", seconds=7),
-        sample("e4", gpu_model=L4, capacity_type="reserved", quantity="3"),
-        sample("e5", kind="cpu", quantity="64", seconds=1),
-        sample("e6", kind="memory", quantity="512"),
-        sample("e7", kind="storage", quantity="1000000"),
-    ]
+    samples = [*mixed_samples(), sample("e7", kind="storage", quantity="1000000")]
     return run_pipeline(samples)[("team-a", "2026-11")]
 
 

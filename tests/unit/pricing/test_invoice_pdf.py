@@ -19,19 +19,12 @@ from gpumeter.core.tenants import TenantPolicy
 from pricing.exports import content_sha256, invoice_json, render
 from pricing.invoice import Invoice
 from pricing.ledger import LedgerView, entry_for, next_invoice
-from testkit.builders import A100, CARDS, L4, card_set, sample
+from testkit.builders import CARDS, card_set, sample
 from tests.unit import reference_billing as ref
-from tests.unit.pricing.billing_harness import aggregate
+from tests.unit.pricing.billing_harness import aggregate, mixed_samples
 
 CARDSET = card_set()
-SAMPLES = [
-    sample("e1", quantity="1234.5"),
-    sample("e2", capacity_type="spot", quantity="10"),
-    sample("e3", gpu_model=A100, mig_profile="1g.5gb", quantity="0.333333", seconds=7),
-    sample("e4", gpu_model=L4, capacity_type="reserved", quantity="3"),
-    sample("e5", kind="cpu", quantity="64", seconds=1),
-    sample("e6", kind="memory", quantity="512"),
-]
+SAMPLES = mixed_samples()
 TERMS = {
     "tenant": "team-a",
     "credits": "250.00",
@@ -59,7 +52,10 @@ def tokens(text: str) -> list[str]:
     return text.split()
 
 
-@pytest.mark.parametrize(("paper", "size"), [("A4", (595.28, 841.89)), ("Letter", (612.0, 792.0))])
+@pytest.mark.parametrize(
+    ("paper", "size"),
+    [pytest.param("A4", (595.28, 841.89), id="A4"), pytest.param("Letter", (612.0, 792.0), id="Letter")],
+)
 def test_pdf_carries_every_line_the_totals_the_number_and_the_hash(
     paper: str, size: tuple[float, float]
 ) -> None:

@@ -62,10 +62,13 @@ def issue(
 @pytest.mark.parametrize(
     ("period", "now", "ended"),
     [
-        ("2026-11", datetime(2026, 11, 30, 23, 59, 59, 999999, tzinfo=UTC), False),
-        ("2026-11", datetime(2026, 12, 1, tzinfo=UTC), True),
-        ("2026-12", datetime(2026, 12, 31, 23, 0, tzinfo=UTC), False),
-        ("2026-12", datetime(2027, 1, 1, tzinfo=UTC), True),
+        pytest.param(
+            "2026-11", datetime(2026, 11, 30, 23, 59, 59, 999999, tzinfo=UTC), False,
+            id="november last microsecond",
+        ),
+        pytest.param("2026-11", datetime(2026, 12, 1, tzinfo=UTC), True, id="december first instant"),
+        pytest.param("2026-12", datetime(2026, 12, 31, 23, 0, tzinfo=UTC), False, id="december last hour"),
+        pytest.param("2026-12", datetime(2027, 1, 1, tzinfo=UTC), True, id="january first instant"),
     ],
 )
 def test_a_month_ends_at_the_first_instant_of_the_next(period: str, now: datetime, ended: bool) -> None:

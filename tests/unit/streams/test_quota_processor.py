@@ -216,11 +216,15 @@ def test_a_record_of_several_tenants_counts_each_in_its_own_ledger() -> None:
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"quantity": "-1"}, "quantity"),
-    ({"window_end": "2026-11-09T00:00:00Z"}, "window_end must be after window_start"),
-    ({"window_start": "2026-11-10T00:00:00"}, "window_start"),  # no offset
-    ({"tenant": "Not A Tenant"}, "tenant"),
-    ({"kind": "tpu"}, "kind"),
+    pytest.param({"quantity": "-1"}, "quantity", id="negative quantity"),
+    pytest.param(
+        {"window_end": "2026-11-09T00:00:00Z"}, "window_end must be after window_start",
+        id="end before start",
+    ),
+    # no offset
+    pytest.param({"window_start": "2026-11-10T00:00:00"}, "window_start", id="start without offset"),
+    pytest.param({"tenant": "Not A Tenant"}, "tenant", id="bad tenant"),
+    pytest.param({"kind": "tpu"}, "kind", id="unknown kind"),
 ])
 def test_an_unreadable_rated_record_is_refused_with_a_reason(change: dict[str, str], reason: str) -> None:
     processor = processor_for(tenants({"gpu_hours": 2}))

@@ -16,7 +16,7 @@ from collectors.agent.nvml_source import NvmlSource
 from collectors.agent.podmeta import StaticPodMetadata
 from collectors.agent.podresources import PodResourcesClient
 from gpumeter.core.models import NodeAllocation, UsageSample
-from testkit.nvml_standin import NvmlStandIn
+from testkit.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig
 from testkit.podresources_server import Lister, PodSpec, serve
 
 START = datetime(2026, 11, 3, 10, 15, 0, tzinfo=UTC)
@@ -28,6 +28,34 @@ GPU = "nvidia.com/gpu"
 def socket_path() -> Path:
     # Unix socket paths are limited to ~107 bytes; pytest's tmp paths can be longer.
     return Path(tempfile.mkdtemp(prefix="podres-", dir="/tmp")) / "kubelet.sock"
+
+
+def a100_in_mig_mode(*migs: StandInMig) -> StandInGpu:
+    """An A100-SXM4-40GB in MIG mode holding ``migs``, on a bus after an NVSwitch board's."""
+    return StandInGpu(
+        uuid="GPU-a100",
+        name="NVIDIA A100-SXM4-40GB",
+        memory_total=40 * GIB,
+        bus_id="00000000:C0:00.0",
+        mig_enabled=True,
+        migs=list(migs),
+    )
+
+
+def collector_over(
+    nvml: NvmlSource, socket: Path, metadata: StaticPodMetadata, *, interval: int = INTERVAL, **options: Any
+) -> NodeCollector:
+    """Node gpu-node-1 of cluster prod, its allocations from the PodResources server at ``socket``."""
+    return NodeCollector(
+        cluster="prod",
+        node="gpu-node-1",
+        interval=interval,
+        nvml=nvml,
+        allocations=PodResourcesClient(str(socket)),
+        metadata=metadata,
+        proc_root=None,
+        **options,
+    )
 
 
 def finished(pod: dict[str, Any], phase: str, finished_at: str | None) -> dict[str, Any]:

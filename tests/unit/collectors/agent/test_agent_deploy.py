@@ -49,12 +49,12 @@ def gpu_terms() -> list[list[dict[str, Any]]]:
 @pytest.mark.parametrize(
     "labels",
     [
-        {"nvidia.com/gpu.present": "true"},  # GPU feature discovery
-        {"feature.node.kubernetes.io/pci-10de.present": "true"},  # node feature discovery
-        {"cloud.google.com/gke-accelerator": "nvidia-l4"},  # GKE
-        {"kubernetes.azure.com/accelerator": "nvidia"},  # AKS
-        {"karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia"},  # EKS + Karpenter
-        {"gpumeter.io/gpu": "true"},  # labelled by hand
+        pytest.param({"nvidia.com/gpu.present": "true"}, id="gpu feature discovery"),
+        pytest.param({"feature.node.kubernetes.io/pci-10de.present": "true"}, id="node feature discovery"),
+        pytest.param({"cloud.google.com/gke-accelerator": "nvidia-l4"}, id="gke accelerator"),
+        pytest.param({"kubernetes.azure.com/accelerator": "nvidia"}, id="aks accelerator"),
+        pytest.param({"karpenter.k8s.aws/instance-gpu-manufacturer": "nvidia"}, id="eks karpenter"),
+        pytest.param({"gpumeter.io/gpu": "true"}, id="labelled by hand"),
     ],
 )
 def test_any_one_gpu_label_places_it_without_gpu_feature_discovery(labels: dict[str, str]) -> None:

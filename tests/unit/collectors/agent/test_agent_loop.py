@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import socket
-import tempfile
 import threading
 import time
 import urllib.request
@@ -15,10 +14,9 @@ from typing import Any
 import pynvml
 import pytest
 
-from collectors.agent.collector import AgentConfig, NodeCollector, run_agent
+from collectors.agent.collector import AgentConfig, run_agent
 from collectors.agent.nvml_source import NvmlSource
 from collectors.agent.podmeta import StaticPodMetadata
-from collectors.agent.podresources import PodResourcesClient
 from collectors.agent.publisher import Publisher, decode_message
 from collectors.agent.spool import Spool
 from gpumeter.core.models import parse_sample
@@ -27,6 +25,7 @@ from gpumeter.infra.kafka import KafkaUnavailable
 from testkit.cluster_state import pod
 from testkit.nvml_standin import NvmlStandIn, gpu_uuid, nvswitch_node
 from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
+from tests.unit.collectors.agent import node_rig
 
 pytestmark = pytest.mark.agent
 
@@ -42,7 +41,7 @@ def no_kafka() -> Any:
 
 
 def test_agent_loop_spools_samples_and_serves_metrics(tmp_path: Path) -> None:
-    socket_path = Path(tempfile.mkdtemp(prefix="podres-", dir="/tmp")) / "kubelet.sock"
+    socket_path = node_rig.socket_path()
     standin = NvmlStandIn(nvswitch_node(2))
     standin.fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_NOT_SUPPORTED, gpu=1)
     nvml = NvmlSource(nvml=standin)
@@ -64,15 +63,7 @@ def test_agent_loop_spools_samples_and_serves_metrics(tmp_path: Path) -> None:
     stop = threading.Event()
     cycles: list[int] = []
     with serve(socket_path, lister):
-        collector = NodeCollector(
-            cluster="prod",
-            node="gpu-node-1",
-            interval=1,
-            nvml=nvml,
-            allocations=PodResourcesClient(str(socket_path)),
-            metadata=metadata,
-            proc_root=None,
-        )
+        collector = node_rig.collector_over(nvml, socket_path, metadata, interval=1)
         config = AgentConfig(cluster="prod", node="gpu-node-1", interval=1, metrics_port=port)
         thread = threading.Thread(
             target=lambda: cycles.append(

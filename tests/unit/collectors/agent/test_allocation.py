@@ -4,21 +4,17 @@ of the publisher (Kafka, or its spool while Kafka is away)."""
 
 from __future__ import annotations
 
-import tempfile
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from kafka.errors import KafkaTimeoutError
 
 from collectors.agent.collector import AgentConfig, NodeCollector, run_agent
 from collectors.agent.nvml_source import NvmlSource
 from collectors.agent.podmeta import StaticPodMetadata
-from collectors.agent.podresources import PodResourcesClient
 from collectors.agent.publisher import ALLOCATION_SPOOL, Publisher, decode_message
 from collectors.agent.spool import Spool
 from gpumeter.core import jsonio
@@ -26,8 +22,10 @@ from gpumeter.core.models import GpuAssignment, NodeAllocation, UsageSample, par
 from gpumeter.core.settings import KafkaSettings, Settings
 from gpumeter.infra.kafka import KafkaUnavailable
 from testkit.cluster_state import pod
-from testkit.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig, gpu_uuid, nvswitch_node
+from testkit.nvml_standin import GIB, NvmlStandIn, StandInMig, gpu_uuid, nvswitch_node
 from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
+from tests.unit.collectors.agent import node_rig
+from tests.unit.collectors.agent.fake_kafka import Broker
 
 pytestmark = pytest.mark.agent
 
@@ -36,25 +34,11 @@ END = START + timedelta(seconds=15)
 GPU = "nvidia.com/gpu"
 
 
-@pytest.fixture
-def socket_path() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="podres-", dir="/tmp"))
-    yield directory / "kubelet.sock"
-
-
 def board() -> NvmlStandIn:
     """GPUs 0-2 whole (NVSwitch board); GPU 3 an A100 in MIG mode with two 1g.5gb devices."""
     gpus = nvswitch_node(3)
-    gpus.append(
-        StandInGpu(
-            uuid="GPU-a100",
-            name="NVIDIA A100-SXM4-40GB",
-            memory_total=40 * GIB,
-            bus_id="00000000:C0:00.0",
-            mig_enabled=True,
-            migs=[StandInMig("MIG-a", "1g.5gb", 1, 5 * GIB), StandInMig("MIG-b", "1g.5gb", 1, 5 * GIB)],
-        )
-    )
+    migs = [StandInMig("MIG-a", "1g.5gb", 1, 5 * GIB), StandInMig("MIG-b", "1g.5gb", 1, 5 * GIB)]
+    gpus.append(node_rig.a100_in_mig_mode(*migs))
     return NvmlStandIn(gpus)
 
 
@@ -71,16 +55,7 @@ def collector_for(
 ) -> NodeCollector:
     nvml = NvmlSource(nvml=board())
     nvml.start()
-    return NodeCollector(
-        cluster="prod",
-        node="gpu-node-1",
-        interval=15,
-        nvml=nvml,
-        allocations=PodResourcesClient(str(socket_path)),
-        metadata=metadata,
-        proc_root=None,
-        clock=clock or Clock(),
-    )
+    return node_rig.collector_over(nvml, socket_path, metadata, clock=clock or Clock())
 
 
 def window(
@@ -242,49 +217,6 @@ def test_nothing_is_published_before_the_first_window() -> None:
 # -- the publisher's allocation lane ------------------------------------------------------------------
 
 
-class _Future:
-    def __init__(self, ok: bool) -> None:
-        self.is_done = ok
-        self._ok = ok
-
-    def succeeded(self) -> bool:
-        return self._ok
-
-
-class FakeProducer:
-    """A stand-in for kafka-python's producer: acknowledges (and records) sends while the broker is up;
-    while it is down, futures never complete and flush times out, as the real client does."""
-
-    def __init__(self, broker: FakeBroker) -> None:
-        self.broker = broker
-
-    def send(self, topic: str, key: bytes, value: bytes) -> _Future:
-        if self.broker.up:
-            self.broker.log.append((topic, key, value))
-        return _Future(self.broker.up)
-
-    def flush(self, timeout: float | None = None) -> None:
-        if not self.broker.up:
-            raise KafkaTimeoutError("flush timed out")
-
-    def close(self, timeout: float | None = None) -> None:
-        pass
-
-
-class FakeBroker:
-    def __init__(self) -> None:
-        self.up = True
-        self.log: list[tuple[str, bytes, bytes]] = []
-
-    def factory(self) -> Any:
-        if not self.up:
-            raise KafkaUnavailable("no Kafka broker answers")
-        return FakeProducer(self)
-
-    def on(self, suffix: str) -> list[tuple[bytes, bytes]]:
-        return [(key, value) for topic, key, value in self.log if topic.endswith(suffix)]
-
-
 def allocation(n: int, node: str = "gpu-node-1") -> NodeAllocation:
     """Window n of a node where pod p<n> holds GPU n % 8."""
     return NodeAllocation(
@@ -295,7 +227,7 @@ def allocation(n: int, node: str = "gpu-node-1") -> NodeAllocation:
     )
 
 
-def publisher_for(broker: FakeBroker, spool_dir: Path, clock: Clock) -> Publisher:
+def publisher_for(broker: Broker, spool_dir: Path, clock: Clock) -> Publisher:
     return Publisher(
         KafkaSettings(topic_prefix="t."),
         Spool(spool_dir),
@@ -307,7 +239,7 @@ def publisher_for(broker: FakeBroker, spool_dir: Path, clock: Clock) -> Publishe
 
 
 def test_allocations_go_to_their_topic_keyed_by_node_one_record_per_message(tmp_path: Path) -> None:
-    broker = FakeBroker()
+    broker = Broker()
     publisher = publisher_for(broker, tmp_path / "spool", Clock())
     for n in range(3):
         assert publisher.publish_allocation(allocation(n)).sent == 1
@@ -322,19 +254,19 @@ def test_allocations_go_to_their_topic_keyed_by_node_one_record_per_message(tmp_
 
 
 def test_kafka_outage_spools_allocations_apart_and_replays_them_oldest_first(tmp_path: Path) -> None:
-    broker = FakeBroker()
+    broker = Broker()
     clock = Clock()
     spool_dir = tmp_path / "spool"
     publisher = publisher_for(broker, spool_dir, clock)
     publisher.publish_allocation(allocation(0))
-    broker.up = False
+    broker.up = broker.reachable = False
     for n in (1, 2):
         result = publisher.publish_allocation(allocation(n))
         assert (result.sent, result.spooled) == (0, 1)
     assert Spool(spool_dir).records == 0  # the samples spool holds samples only
     lane = publisher.allocation_spool
     assert lane is not None and lane.directory == spool_dir / ALLOCATION_SPOOL and lane.records == 2
-    broker.up = True
+    broker.up = broker.reachable = True
     publisher.publish_allocation(allocation(3))  # before the retry time: goes behind the backlog
     assert lane.records == 3
     clock.now += 10
@@ -345,13 +277,13 @@ def test_kafka_outage_spools_allocations_apart_and_replays_them_oldest_first(tmp
 
 
 def test_spooled_allocations_survive_an_agent_restart(tmp_path: Path) -> None:
-    broker = FakeBroker()
-    broker.up = False
+    broker = Broker()
+    broker.up = broker.reachable = False
     spool_dir = tmp_path / "spool"
     first = publisher_for(broker, spool_dir, Clock())
     first.publish_allocation(allocation(7))
     first.close()
-    broker.up = True
+    broker.up = broker.reachable = True
     second = publisher_for(broker, spool_dir, Clock())
     assert second.allocation_spool is not None and second.allocation_spool.records == 1
     second.publish_allocation(allocation(8))
@@ -374,15 +306,7 @@ def test_agent_loop_publishes_one_allocation_per_window_through_the_spool(
     with serve(socket_path, Lister(podres)):
         nvml = NvmlSource(nvml=board())
         nvml.start()
-        collector = NodeCollector(
-            cluster="prod",
-            node="gpu-node-1",
-            interval=1,
-            nvml=nvml,
-            allocations=PodResourcesClient(str(socket_path)),
-            metadata=metadata,
-            proc_root=None,
-        )
+        collector = node_rig.collector_over(nvml, socket_path, metadata, interval=1)
         config = AgentConfig(cluster="prod", node="gpu-node-1", interval=1, metrics_port=None)
         cycles = run_agent(
             Settings(data_dir=tmp_path),

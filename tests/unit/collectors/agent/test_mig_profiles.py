@@ -14,16 +14,16 @@ pytestmark = pytest.mark.agent
 @pytest.mark.parametrize(
     ("text", "nvml_name", "share_of_7"),
     [
-        ("1g.5gb", "1g.5gb", Decimal(1) / 7),
-        ("3g.40gb", "3g.40gb", Decimal(3) / 7),
-        ("1c.3g.20gb", "1c.3g.20gb", Decimal(1) / 7),
-        ("2c.3g.20gb", "2c.3g.20gb", Decimal(2) / 7),
-        ("1g.10gb+me", "1g.10gb+me", Decimal(1) / 7),
-        ("1g.10gb.me", "1g.10gb+me", Decimal(1) / 7),
-        ("1g.23gb+me.all", "1g.23gb+me.all", Decimal(1) / 7),
-        ("1g.23gb.me.all", "1g.23gb+me.all", Decimal(1) / 7),
-        ("1g.23gb-me", "1g.23gb-me", Decimal(1) / 7),
-        ("1g.23gb.gfx", "1g.23gb+gfx", Decimal(1) / 7),
+        pytest.param("1g.5gb", "1g.5gb", Decimal(1) / 7, id="1g.5gb"),
+        pytest.param("3g.40gb", "3g.40gb", Decimal(3) / 7, id="3g.40gb"),
+        pytest.param("1c.3g.20gb", "1c.3g.20gb", Decimal(1) / 7, id="1c.3g.20gb"),
+        pytest.param("2c.3g.20gb", "2c.3g.20gb", Decimal(2) / 7, id="2c.3g.20gb"),
+        pytest.param("1g.10gb+me", "1g.10gb+me", Decimal(1) / 7, id="1g.10gb+me"),
+        pytest.param("1g.10gb.me", "1g.10gb+me", Decimal(1) / 7, id="1g.10gb.me"),
+        pytest.param("1g.23gb+me.all", "1g.23gb+me.all", Decimal(1) / 7, id="1g.23gb+me.all"),
+        pytest.param("1g.23gb.me.all", "1g.23gb+me.all", Decimal(1) / 7, id="1g.23gb.me.all"),
+        pytest.param("1g.23gb-me", "1g.23gb-me", Decimal(1) / 7, id="1g.23gb-me"),
+        pytest.param("1g.23gb.gfx", "1g.23gb+gfx", Decimal(1) / 7, id="1g.23gb.gfx"),
     ],
 )
 def test_profile_spellings(text: str, nvml_name: str, share_of_7: Decimal) -> None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
-from kafka.errors import KafkaTimeoutError
 
 from collectors.agent.publisher import Publisher, decode_message
 from collectors.agent.samples import event_id
@@ -17,8 +15,8 @@ from gpumeter.core import jsonio
 from gpumeter.core.models import NodeTopology, UsageSample, parse_sample
 from gpumeter.core.records import split
 from gpumeter.core.settings import KafkaSettings
-from gpumeter.infra.kafka import KafkaUnavailable
 from testkit.builders import OMIT, usage_sample
+from tests.unit.collectors.agent.fake_kafka import Broker
 
 pytestmark = pytest.mark.agent
 
@@ -33,60 +31,6 @@ def sample(n: int, tenant: str = "team-a") -> UsageSample:
         tenant=tenant, namespace=tenant, pod=f"p{n}", pod_uid=f"uid-{n}", start=START, end=END,
         quantity="1.5", capacity_type=OMIT,
     )
-
-
-class _Future:
-    def __init__(self, ok: bool) -> None:
-        self.is_done = ok
-        self._ok = ok
-
-    def succeeded(self) -> bool:
-        return self._ok
-
-
-class RecordingProducer:
-    """Acknowledges (and records) sends while ``up``; otherwise its futures never complete."""
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.closed = False
-
-    def send(self, topic: str, key: bytes, value: bytes) -> _Future:
-        if self.broker.block_sends:
-            raise KafkaTimeoutError("metadata not available")
-        if self.broker.up:
-            self.broker.log.append((topic, key, value))
-        return _Future(self.broker.up)
-
-    def flush(self, timeout: float | None = None) -> None:
-        if not self.broker.up:
-            raise KafkaTimeoutError("flush timed out")
-
-    def close(self, timeout: float | None = None) -> None:
-        self.closed = True
-
-
-class Broker:
-    def __init__(self) -> None:
-        self.up = True
-        self.block_sends = False
-        self.reachable = True
-        self.log: list[tuple[str, bytes, bytes]] = []
-        self.producers = 0
-
-    def factory(self) -> Any:
-        if not self.reachable:
-            raise KafkaUnavailable("no Kafka broker answers")
-        self.producers += 1
-        return RecordingProducer(self)
-
-    def sample_ids(self) -> list[str]:
-        return [
-            parse_sample(line).event_id
-            for topic, _, value in self.log
-            if topic.endswith("samples.v1")
-            for line in split(value)
-        ]
 
 
 class Clock:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -19,8 +17,9 @@ from collectors.agent.podresources import PodResourcesClient
 from collectors.agent.samples import event_id, held_fraction, window_bounds
 from gpumeter.core.models import UsageSample, parse_sample
 from testkit.cluster_state import pod, pvc
-from testkit.nvml_standin import GIB, NvmlStandIn, StandInGpu, StandInMig, gpu_uuid, nvswitch_node
+from testkit.nvml_standin import GIB, NvmlStandIn, StandInMig, gpu_uuid, nvswitch_node
 from testkit.podresources_server import ContainerSpec, Lister, PodSpec, serve
+from tests.unit.collectors.agent import node_rig
 
 pytestmark = pytest.mark.agent
 
@@ -54,24 +53,9 @@ def test_event_ids_are_stable_and_distinct() -> None:
     assert a not in others and len(others) == 6
 
 
-@pytest.fixture
-def socket_path() -> Iterator[Path]:
-    directory = Path(tempfile.mkdtemp(prefix="podres-", dir="/tmp"))
-    yield directory / "kubelet.sock"
-
-
 def node_state() -> tuple[NvmlStandIn, list[PodSpec], StaticPodMetadata]:
     gpus = nvswitch_node(2)
-    gpus.append(
-        StandInGpu(
-            uuid="GPU-a100",
-            name="NVIDIA A100-SXM4-40GB",
-            memory_total=40 * GIB,
-            bus_id="00000000:C0:00.0",
-            mig_enabled=True,
-            migs=[StandInMig("MIG-1", "1g.5gb", 1, 5 * GIB, memory_used=2 * GIB)],
-        )
-    )
+    gpus.append(node_rig.a100_in_mig_mode(StandInMig("MIG-1", "1g.5gb", 1, 5 * GIB, memory_used=2 * GIB)))
     standin = NvmlStandIn(gpus)
     podres = [
         PodSpec(

@@ -99,12 +99,13 @@ def fleet_topologies() -> dict[str, NodeTopology]:
 @pytest.mark.parametrize(
     ("model", "expected"),
     [
-        ("H100-SXM-80GB", H100),
-        ("H200-SXM-141GB", H100),  # the same HGX baseboard: NV18 between every pair
-        ("B200-SXM-180GB", H100),  # HGX B200: 18 NVLink 5 links per GPU into the NVSwitches
-        ("A100-SXM-40GB", A100),
-        ("L40S-48GB", L40S),
-        ("L4-24GB", L4),
+        pytest.param("H100-SXM-80GB", H100, id="H100"),
+        pytest.param("H200-SXM-141GB", H100, id="H200"),  # the same HGX baseboard: NV18 between every pair
+        # HGX B200: 18 NVLink 5 links per GPU into the NVSwitches
+        pytest.param("B200-SXM-180GB", H100, id="B200"),
+        pytest.param("A100-SXM-40GB", A100, id="A100"),
+        pytest.param("L40S-48GB", L40S, id="L40S"),
+        pytest.param("L4-24GB", L4, id="L4"),
     ],
 )
 def test_layout_matrices(model: str, expected: list[list[str]]) -> None:
@@ -160,17 +161,21 @@ def links_of(model: str) -> LinkTable:
 @pytest.mark.parametrize(
     ("model", "free", "k", "chosen"),
     [
-        ("L40S-48GB", [1, 2, 3], 2, (2, 3)),  # the PIX pair, not the lowest indices (1, 2: SYS)
-        ("L40S-48GB", [0, 1, 2, 3, 5], 1, (5,)),  # GPU 5's switch partner is taken: keep both pairs whole
-        ("L40S-48GB", [0, 2, 4, 6], 2, (0, 2)),  # all SYS: lowest indices
-        ("L4-24GB", [0, 1, 2, 3], 2, (0, 1)),
-        ("L4-24GB", [0, 2, 3], 2, (2, 3)),
-        ("L4-24GB", [0, 2, 3], 1, (0,)),
-        ("L4-24GB", [1, 2, 3], 1, (1,)),
-        ("L4-24GB", [0, 1, 2, 3], 3, (0, 1, 2)),
-        ("H100-SXM-80GB", [3, 5, 6], 2, (3, 5)),  # NVSwitch: every set ties, lowest indices
-        ("A100-SXM-40GB", [2, 3, 4, 5, 6, 7], 4, (2, 3, 4, 5)),
-        ("H100-SXM-80GB", [0, 1], 3, None),  # not enough free
+        # the PIX pair, not the lowest indices (1, 2: SYS)
+        pytest.param("L40S-48GB", [1, 2, 3], 2, (2, 3), id="L40S PIX pair over lowest"),
+        # GPU 5's switch partner is taken: keep both pairs whole
+        pytest.param("L40S-48GB", [0, 1, 2, 3, 5], 1, (5,), id="L40S keep switch pairs whole"),
+        # all SYS: lowest indices
+        pytest.param("L40S-48GB", [0, 2, 4, 6], 2, (0, 2), id="L40S all SYS lowest"),
+        pytest.param("L4-24GB", [0, 1, 2, 3], 2, (0, 1), id="L4 two of four"),
+        pytest.param("L4-24GB", [0, 2, 3], 2, (2, 3), id="L4 pair 2-3"),
+        pytest.param("L4-24GB", [0, 2, 3], 1, (0,), id="L4 one of three"),
+        pytest.param("L4-24GB", [1, 2, 3], 1, (1,), id="L4 one lowest"),
+        pytest.param("L4-24GB", [0, 1, 2, 3], 3, (0, 1, 2), id="L4 three of four"),
+        # NVSwitch: every set ties, lowest indices
+        pytest.param("H100-SXM-80GB", [3, 5, 6], 2, (3, 5), id="H100 ties lowest"),
+        pytest.param("A100-SXM-40GB", [2, 3, 4, 5, 6, 7], 4, (2, 3, 4, 5), id="A100 four of six"),
+        pytest.param("H100-SXM-80GB", [0, 1], 3, None, id="H100 not enough free"),  # not enough free
     ],
 )
 def test_best_connected_free_set(model: str, free: list[int], k: int, chosen: tuple[int, ...] | None) -> None:

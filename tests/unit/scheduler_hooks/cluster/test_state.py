@@ -152,12 +152,16 @@ def test_replace_pods_drops_what_the_new_list_lacks() -> None:
 @pytest.mark.parametrize(
     ("node_labels", "hint", "expected"),
     [
-        ({"gpumeter.io/capacity-type": "spot"}, None, "spot"),
-        ({"karpenter.sh/capacity-type": "spot"}, None, "spot"),
-        ({"eks.amazonaws.com/capacityType": "ON_DEMAND"}, "spot", "on-demand"),  # the node wins
-        ({"cloud.google.com/gke-spot": "true"}, None, "spot"),
-        ({}, "reserved", "reserved"),
-        ({}, None, "on-demand"),
+        pytest.param({"gpumeter.io/capacity-type": "spot"}, None, "spot", id="gpumeter label"),
+        pytest.param({"karpenter.sh/capacity-type": "spot"}, None, "spot", id="karpenter label"),
+        # the node wins
+        pytest.param(
+            {"eks.amazonaws.com/capacityType": "ON_DEMAND"}, "spot", "on-demand",
+            id="eks on-demand beats pod hint",
+        ),
+        pytest.param({"cloud.google.com/gke-spot": "true"}, None, "spot", id="gke spot"),
+        pytest.param({}, "reserved", "reserved", id="pod hint only"),
+        pytest.param({}, None, "on-demand", id="nothing: on-demand"),
     ],
 )
 def test_capacity_type_node_first_then_pod(
