@@ -158,7 +158,7 @@ class HooksSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    listen: Annotated[str, Field(pattern=r"^[^\s:]+:\d{1,5}$")] = "127.0.0.1:8790"
+    listen: Annotated[str, Field(pattern=r"^[^\s:]+:[0-9]{1,5}$")] = "127.0.0.1:8790"
     tls_cert: OptionalPath = None
     tls_key: OptionalPath = None
     # With a client CA a client certificate is required (kube-scheduler's extender tlsConfig).
@@ -180,7 +180,7 @@ class ApiSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    listen: Annotated[str, Field(pattern=r"^[^\s:]+:\d{1,5}$")] = "127.0.0.1:8791"
+    listen: Annotated[str, Field(pattern=r"^[^\s:]+:[0-9]{1,5}$")] = "127.0.0.1:8791"
     # YAML {tokens: [{sha256: <hex>, tenant: T} | {sha256: <hex>, role: finance}]}; digests, never
     # tokens. None: no token is valid, so every request but /healthz is refused.
     tokens: OptionalPath = None

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpumeter.core.config_files import ConfigError, read_yaml, validation_failure
 from gpumeter.core.validation import TENANT_PATTERN, DecimalValue, NonNegativeDecimal, non_negative_decimal
 
-PERIOD_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
+# [0-9], not \d: \d matches every Unicode digit (pydantic-core's and Python's regex alike).
+PERIOD_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
 # A calendar month, YYYY-MM (UTC): the unit of billing terms. Text compares in month order.
 Month = Annotated[str, Field(pattern=PERIOD_PATTERN)]
 # The source name of the old per-month ``credits`` allowance in an invoice's credit draws.

@@ -21,8 +21,8 @@ _DECIMAL_TEXT = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$", r
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})$", re.ASCII
 )
-_RFC3339_FRACTION = re.compile(r"\.\d{10,}")
-_FRACTION = re.compile(r"\.(\d+)")
+_RFC3339_FRACTION = re.compile(r"\.[0-9]{10,}")
+_FRACTION = re.compile(r"\.([0-9]+)")
 
 
 def _to_decimal(value: Any) -> Decimal:

@@ -204,6 +204,26 @@ def test_malformed_period_format_or_paper_is_400_with_one_reason(
         assert response.json() == {"error": reason}
 
 
+NON_ASCII_PERIODS = [
+    pytest.param("\u0662\u0660\u0662\u0666-11", id="arabic-indic-year"),
+    pytest.param("2026-\u0661\u0661", id="arabic-indic-month"),
+    pytest.param("\uff12\uff10\uff12\uff16-11", id="fullwidth-year"),
+]
+
+
+@pytest.mark.parametrize("period", NON_ASCII_PERIODS)
+def test_a_period_in_non_ascii_digits_is_400_never_a_phantom_invoice(api: Api, period: str) -> None:
+    """Issue 31, point 7: `\\d` matched any Unicode digit, so a period in Arabic-Indic digits
+    was a valid month: a draft invoice with a true-up as JSON, and a 500 as CSV or PDF."""
+    requests = [("/v1/invoices", {"period": period}), ("/v1/tenants/team-a/usage", {"period": period})]
+    invoice = f"/v1/tenants/team-a/invoices/{period}"
+    requests += [(invoice, {"format": form}) for form in ("json", "csv", "pdf")]
+    for path, params in requests:
+        response = api.get(path, TOKENS["team-a"], **params)
+        assert response.status_code == 400, (path, params, response.text)
+        assert response.json() == {"error": "period must be YYYY-MM (e.g. 2026-11)"}
+
+
 def test_a_tenant_lists_only_its_own_invoices_and_finance_lists_all(api: Api) -> None:
     rows = ledger_rows(api.settings)
     mine = api.get("/v1/invoices", TOKENS["team-a"], period="2026-11").json()

@@ -8,7 +8,9 @@ import re
 from datetime import datetime
 from typing import NoReturn
 
-PERIOD = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+from gpumeter.core.tenants import PERIOD_PATTERN
+
+PERIOD = re.compile(PERIOD_PATTERN)
 
 
 class Parser(argparse.ArgumentParser):
