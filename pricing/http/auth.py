@@ -5,8 +5,9 @@ tokens:
   - {sha256: "<64 hex>", tenant: team-a}    # sees team-a's invoices and usage only
   - {sha256: "<64 hex>", role: finance}     # sees every tenant's
 ```
-``gpumeter api`` re-reads the file when it changes, so tokens rotate without a restart; a file
-that stops being valid is reported and the tokens last read stay in force.
+``gpumeter api`` re-reads the file when it changes, so tokens rotate without a restart. A file
+that goes missing, cannot be read or stops being valid is reported and then no token is valid
+(401 for all, contract 7): deleting the file is how an operator revokes every token at once.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ class Tokens:
                 return
             try:
                 self._callers = load_tokens(self.path)
-            except ConfigError as exc:
-                log.error("tokens file not reloaded, the previous tokens stay in force: %s", exc)
+            except (ConfigError, OSError) as exc:
+                self._callers = {}
+                log.error("tokens file unusable, no token is valid until it is fixed: %s", exc)
             self._stamp = stamp

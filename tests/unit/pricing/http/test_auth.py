@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_a_bad_tokens_file_is_one_line_naming_the_file_and_field(
     assert "\n" not in str(caught.value)
 
 
-def test_the_file_is_reread_when_it_changes_and_a_bad_edit_keeps_the_old_tokens(tmp_path: Path) -> None:
+def test_the_file_is_reread_when_it_changes(tmp_path: Path) -> None:
     path = tmp_path / "tokens.yaml"
     path.write_text(f"tokens:\n  - {{sha256: {sha('old')}, tenant: team-a}}\n")
     tokens = Tokens(path)
@@ -67,9 +68,37 @@ def test_the_file_is_reread_when_it_changes_and_a_bad_edit_keeps_the_old_tokens(
     path.write_text(f"tokens:\n  - {{sha256: {sha('new')}, tenant: team-a}}\n  # rotated\n")
     os.utime(path, ns=(1, 1))  # a distinct stamp even on a coarse clock
     assert tokens.caller("new") == Caller("team-a", False) and tokens.caller("old") is None
-    path.write_text("tokens: [{sha256: nope}]\n")
-    os.utime(path, ns=(2, 2))
-    assert tokens.caller("new") == Caller("team-a", False)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        pytest.param(lambda path: path.unlink(), id="deleted"),
+        pytest.param(lambda path: path.write_text("tokens: [{sha256: nope}]\n"), id="invalid"),
+        # Unreadable even for root (the suite runs as root in CI, where a file mode is no bar).
+        pytest.param(lambda path: (path.unlink(), path.mkdir()), id="unreadable"),
+        pytest.param(lambda path: path.write_text("tokens: [\n"), id="not-yaml"),
+    ],
+)
+def test_a_tokens_file_that_goes_missing_or_bad_revokes_every_token(
+    tmp_path: Path, spoil: Callable[[Path], object]
+) -> None:
+    """Contract 7 (amended): deleting the file is how an operator revokes every token at once;
+    keeping the last good set (as before) left revoked tokens valid."""
+    path = tmp_path / "tokens.yaml"
+    path.write_text(f"tokens:\n  - {{sha256: {sha('t')}, tenant: team-a}}\n")
+    tokens = Tokens(path)
+    assert tokens.caller("t") == Caller("team-a", False)
+    spoil(path)
+    if path.exists():
+        os.utime(path, ns=(3, 3))
+    assert tokens.caller("t") is None
+    # A good file again restores access.
+    if path.is_dir():
+        path.rmdir()
+    path.write_text(f"tokens:\n  - {{sha256: {sha('t')}, tenant: team-a}}\n")
+    os.utime(path, ns=(4, 4))
+    assert tokens.caller("t") == Caller("team-a", False)
 
 
 def test_no_tokens_file_means_no_valid_token() -> None:
