@@ -89,23 +89,28 @@ class BadRequest(Exception):
 def decode(body: bytes) -> Any:
     """One JSON document; BadRequest with a short reason otherwise.
 
-    orjson first (it refuses NaN/Infinity, bad UTF-8 and nesting deeper than 1,024, as we
-    want); what it refuses is parsed again by the standard library, which takes the rare
-    valid document orjson does not (integers beyond 64 bits) and words the reason otherwise.
+    orjson parses (it refuses NaN/Infinity, bad UTF-8, nesting deeper than 1,024 and numbers
+    that overflow a double, as we want: nothing Go's float64/int64 wire types can carry is
+    refused). What it refuses is parsed again by the standard library only to word the reason;
+    a document that library takes anyway (a number past a double, nesting past 1,024) is
+    refused too: contract 6 answers 400 for JSON that parses but does not fit.
     """
     try:
         return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        pass
+    except orjson.JSONDecodeError as exc:
+        refused = exc
     try:
         # UTF-8 only (RFC 8259 for JSON between systems): json.loads(bytes) would guess UTF-16/32.
-        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as exc:
         raise BadRequest(f"not UTF-8 JSON: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
         raise BadRequest(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise BadRequest("not JSON: nested too deeply") from None
+    except ValueError:  # an integer past Python's conversion limit (4,300 digits)
+        raise BadRequest("JSON the extender does not take: a number beyond 64 bits") from None
+    raise BadRequest(f"JSON the extender does not take: {str(refused).split(':')[0]}")
 
 
 def _refuse_constant(name: str) -> Any:

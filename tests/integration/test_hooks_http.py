@@ -504,6 +504,30 @@ def test_any_json_in_any_field_is_answered_200_or_400(
         assert isinstance(answer["error"], str) and answer["error"]
 
 
+# Numbers and shapes a JSON parser takes but the wire's Go types cannot hold: integers past 64
+# bits (and past Python's 4,300-digit conversion limit), exponents past float64, deep nesting.
+RAW_NUMBERS = st.sampled_from([
+    "9" * 20, "-" + "9" * 20, "9" * 400, "9" * 4_301, "9" * 6_000, "1e400", "-1e400", "1e-400",
+    "1.5E+999999", "0." + "1" * 2_000, "12345678901234567890123456789.5", "[" * 3_000 + "]" * 3_000,
+])
+_RAW = "__raw_json__"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(route=st.sampled_from(sorted(VALID)), choice=st.integers(0, 10_000), raw=RAW_NUMBERS)
+def test_huge_numbers_and_deep_nesting_in_any_field_are_answered_200_or_400(
+    fuzz_hooks: LiveHooks, route: str, choice: int, raw: str
+) -> None:
+    """Issue 31, point 6: such values in a pod spec answered 500 (contract 6: never for input)."""
+    paths = _paths(VALID[route])
+    document = _replaced(VALID[route], paths[choice % len(paths)], _RAW)
+    body = json.dumps(document).replace(json.dumps(_RAW), raw).encode()
+    status, answer = fuzz_hooks.request("POST", route, body)
+    assert status in (200, 400), (route, paths[choice % len(paths)], raw[:40], answer[:300])
+    if status == 400:
+        assert isinstance(json.loads(answer)["error"], str)
+
+
 # -- TLS -------------------------------------------------------------------------------------
 
 
