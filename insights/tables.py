@@ -44,6 +44,7 @@ ADVICE = Table(
     ),
     engine="ReplacingMergeTree(detected_at)",
     order_by="(tenant, advice_id)",
+    shard_by="cityHash64(tenant)",
 )
 
 FORECASTS = Table(
@@ -75,6 +76,7 @@ FORECASTS = Table(
     ),
     engine="ReplacingMergeTree(computed_at)",
     order_by="(tenant, period, metric)",
+    shard_by="cityHash64(tenant)",
 )
 
 # One row per evaluation, even one that found nothing: "the idle GPUs now" are the advice rows of
@@ -98,4 +100,6 @@ INSIGHTS = SchemaOwner(
             ADVICE.create_sql(), FORECASTS.create_sql(), INSIGHT_RUNS.create_sql(),
         )),
     ),
+    # insight_runs (one row per evaluation) is never sharded.
+    current=(ADVICE, FORECASTS, INSIGHT_RUNS),
 )

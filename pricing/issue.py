@@ -65,7 +65,7 @@ class MonthData:
 
 @contextmanager
 def billing(settings: Settings) -> Iterator[Billing]:
-    client = clickhouse.connect(settings.clickhouse.dsn)
+    client = clickhouse.connect(settings.clickhouse.connection_dsn())
     try:
         seller = tuple(line.strip() for line in settings.invoices.seller.split("|") if line.strip())
         yield Billing(load_rate_cards(settings.rate_cards), load_tenants(settings.tenants), client, seller)

@@ -1,26 +1,27 @@
 """The invoice ledger in ClickHouse: one row per issued invoice, positions claimed without a lock
 server.
 
-ClickHouse has no transactions, so two closers are kept apart by insert deduplication: the
-row for position k is inserted with ``insert_deduplication_token = gpumeter-ledger-<k>`` into a
-MergeTree that remembers recent tokens (``non_replicated_deduplication_window``; a replicated
-table deduplicates through Keeper the same way). The engine checks and records the token under
-its parts lock, so of two inserts for one position exactly one lands; the other is dropped
-silently. Each closer reads position k back and knows whether its row won. A closer first checks
-that position k is still free, so the window (10,000 inserts) only has to cover the inserts
-between that check and its own insert, milliseconds apart; a position claimed twice anyway is
-reported as a ledger error, never resolved silently (plain MergeTree: nothing is merged away).
+ClickHouse has no transactions, so two closers are kept apart by insert deduplication
+(gpumeter/infra/claims.py): the row for position k is inserted with
+``insert_deduplication_token = gpumeter-ledger-<k>`` into a MergeTree that remembers recent
+tokens (``non_replicated_deduplication_window``; a replicated table deduplicates through Keeper
+the same way), so of two inserts for one position exactly one lands. Each closer reads position
+k back and knows whether its row won. The window (10,000 inserts) only has to cover the inserts
+between the free-position check and the insert; a position claimed twice anyway is reported as
+a ledger error, never resolved silently (plain MergeTree: nothing is merged away).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
 from gpumeter.core import jsonio
+from gpumeter.infra import claims
 from gpumeter.infra.tables import Column, Migration, Table
 from pricing.invoice import Invoice, InvoiceLine
 from pricing.ledger import Entry, LedgerError, LedgerView
@@ -56,6 +57,9 @@ LEDGER_MIGRATION = Migration(
     (LEDGER.create_sql() + f"\nSETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}",),
 )
 
+# The ledger as migration 2 left it; never sharded: one replica set on a cluster (contract 9).
+LEDGER_CURRENT = replace(LEDGER, dedup_window=DEDUP_WINDOW)
+
 _COLUMNS = ", ".join(LEDGER.insert_columns)
 
 
@@ -73,13 +77,8 @@ def claim(client: Client, batch: Sequence[Entry]) -> list[Entry]:
         raise LedgerError("a claim is a run of consecutive positions")
     # A position already taken is not inserted at all: deduplication only remembers the last
     # DEDUP_WINDOW tokens, and a closer whose view went stale meanwhile must not rely on it.
-    taken = _entries(client, "seq >= %(first)s", {"first": first})
-    if not taken:
-        client.insert(LEDGER.name, [row_of(entry) for entry in batch],
-                      column_names=list(LEDGER.insert_columns),
-                      settings={"insert_deduplication_token": f"gpumeter-ledger-{first}",
-                                "insert_deduplicate": 1, "async_insert": 0})
-        taken = _entries(client, "seq >= %(first)s", {"first": first})
+    taken = claims.claim(client, LEDGER, [row_of(entry) for entry in batch], f"gpumeter-ledger-{first}",
+                         lambda: _entries(client, "seq >= %(first)s", {"first": first}))
     positions = [entry.seq for entry in taken]
     if len(set(positions)) != len(positions) or positions[:1] != [first]:
         raise LedgerError(f"ledger positions from {first} are not held once each: {positions[:10]}")

@@ -10,7 +10,7 @@ from clickhouse_connect.driver.client import Client
 from gpumeter.infra.clickhouse import to_decimal
 from gpumeter.infra.tables import Column, Migration, SchemaOwner, Table
 from pricing.invoice import LineKey, UsageLine
-from pricing.ledger_store import LEDGER_MIGRATION
+from pricing.ledger_store import LEDGER_CURRENT, LEDGER_MIGRATION
 
 INVOICES = Table(
     name="invoices",
@@ -35,6 +35,7 @@ PRICING = SchemaOwner(
         Migration(1, "finalized invoices", (INVOICES.create_sql(),)),
         LEDGER_MIGRATION,
     ),
+    current=(INVOICES, LEDGER_CURRENT),
 )
 
 

@@ -103,7 +103,7 @@ def create_app(settings: Settings) -> WorkerApp:
     dead_topic = _raw_topic(app, kafka.topic(topics.DEADLETTER))
     quota_topic = _raw_topic(app, kafka.topic(topics.QUOTA_EVENTS))
 
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.connection_dsn()))
     worker = settings.worker
 
     rating = add_rating(app, settings, rate_cards, samples_topic, rated_topic, dead_topic, sink)

@@ -83,7 +83,7 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
     with console.status("resetting the demo namespace..."):
         services.drop_namespace(settings)
         kafka.ensure_topics(settings.kafka)
-        client = clickhouse.connect(settings.clickhouse.dsn)
+        client = clickhouse.connect(settings.clickhouse.connection_dsn())
         schema.migrate(client)
     out_dir.mkdir(parents=True, exist_ok=True)
     worker = WorkerProcess(settings, out_dir / "worker.log").start()

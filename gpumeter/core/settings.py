@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
@@ -112,9 +113,42 @@ class KafkaSettings(BaseModel):
 
 
 class ClickHouseSettings(BaseModel):
+    """Where ClickHouse is and how gpumeter's tables are laid out on it (contract 9)."""
+
     model_config = ConfigDict(extra="forbid")
 
     dsn: str = "http://127.0.0.1:8123/gpumeter"
+    # The password, read from a file (a Kubernetes Secret) at each connection; it wins over a
+    # password in the DSN, and is never printed.
+    password_file: OptionalPath = None
+    # A remote_servers cluster name: DDL goes ON CLUSTER to every node.
+    cluster: OptionalText = None
+    replicated: bool = False  # Replicated* engines ({shard} and {replica} macros)
+    sharded: bool = False  # <table>_local on every shard + Distributed <table>
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClickHouseSettings:
+        if (self.replicated or self.sharded) and self.cluster is None:
+            raise ValueError("replicated and sharded need cluster (DDL reaches every node by ON CLUSTER)")
+        if self.cluster is not None and not (self.replicated or self.sharded):
+            raise ValueError(f"cluster {self.cluster!r} needs replicated or sharded (plain tables ON CLUSTER "
+                             "would hold other rows on every node)")
+        return self
+
+    def connection_dsn(self) -> str:
+        """The DSN to connect with: ``dsn`` with the password of ``password_file``, if set."""
+        if self.password_file is None:
+            return self.dsn
+        parsed = urlsplit(self.dsn)
+        if parsed.scheme not in ("http", "https"):
+            return self.dsn
+        try:
+            password = self.password_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"clickhouse.password_file {self.password_file}: {exc.strerror}") from None
+        user = quote(unquote(parsed.username or "default"), safe="")
+        host = parsed.netloc.rpartition("@")[2]
+        return urlunsplit(parsed._replace(netloc=f"{user}:{quote(password, safe='')}@{host}"))
 
 
 class WorkerSettings(BaseModel):

@@ -1,15 +1,14 @@
-"""ClickHouse access: DSN parsing, client factory, forward-only schema migrations.
+"""ClickHouse access: DSN parsing, client factory.
 
 Every path (a real server over HTTP, the local server of `gpumeter up`, the in-process
 ``chdb:///dir`` engine) runs the same SQL against the same schema. Tables are declared by
 their owners (gpumeter/infra/schema.py, pricing/store.py, ...); the app layer hands the
-owners to ``migrate``.
+owners to ``migrations.migrate``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -18,8 +17,6 @@ from urllib.parse import quote, unquote, urlparse
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import OperationalError
-
-from gpumeter.infra.tables import SchemaOwner
 
 SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -137,36 +134,6 @@ def connect(dsn: str | Dsn, create_database: bool = True, **settings: Any) -> Cl
         return clickhouse_connect.get_client(database=target.database, **common)
     except OperationalError as exc:
         raise ClickHouseUnavailable(f"no ClickHouse server answers at {target.url}") from exc
-
-
-def applied_migrations(client: Client) -> set[tuple[str, int]]:
-    client.command(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (owner LowCardinality(String), version UInt32, "
-        "name String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) ENGINE = MergeTree "
-        "ORDER BY (owner, version)"
-    )
-    rows = client.query("SELECT owner, version FROM schema_migrations").result_rows
-    return {(str(owner), int(version)) for owner, version in rows}
-
-
-def migrate(client: Client, owners: Sequence[SchemaOwner]) -> list[str]:
-    """Apply each owner's migrations not applied yet, in order; returns ``owner/version`` applied.
-
-    Every statement is idempotent (IF NOT EXISTS, MODIFY to a declared type), so a step
-    interrupted half-way is simply run again.
-    """
-    done = applied_migrations(client)
-    applied = []
-    for schema in owners:
-        for migration in schema.migrations:
-            if (schema.owner, migration.version) in done:
-                continue
-            for statement in migration.statements:
-                client.command(statement)
-            client.insert("schema_migrations", [[schema.owner, migration.version, migration.name]],
-                          column_names=["owner", "version", "name"])
-            applied.append(f"{schema.owner}/{migration.version}")
-    return applied
 
 
 def drop_database(dsn: str | Dsn) -> None:

@@ -20,10 +20,16 @@ Idempotency by event_id is layered:
 
 from __future__ import annotations
 
-from gpumeter.infra.tables import Column, Migration, SchemaOwner, Table
+from dataclasses import replace
+
+from gpumeter.infra.tables import Column, Migration, SchemaOwner, Table, View
 
 INSERT_DEDUP_WINDOW = 10_000
 _DEDUP_WINDOW = f"non_replicated_deduplication_window = {INSERT_DEDUP_WINDOW}"
+# Sharding keys on a sharded cluster (contract 9): usage by tenant, so a tenant's copies of one
+# event_id meet on one shard where FINAL folds them; id tables by the id's hash.
+BY_TENANT = "cityHash64(tenant)"
+BY_ID_HASH = "sipHash64(event_id)"
 
 RATED_USAGE = Table(
     name="rated_usage",
@@ -61,6 +67,7 @@ RATED_USAGE = Table(
     engine="ReplacingMergeTree",
     partition_by="period",
     order_by="(tenant, window_start, event_id)",
+    shard_by=BY_TENANT,
     # Migration 5 sets non_replicated_deduplication_window: the sink names each insert
     # (insert_deduplication_token) and the engine drops a repeated insert of the same rows
     # among the last INSERT_DEDUP_WINDOW inserts; a non-replicated table keeps no such log
@@ -124,6 +131,7 @@ EVENT_IDS = Table(
     engine="MergeTree",
     order_by="id_hash",
     settings=f"{EVENT_IDS_V5.settings}, enable_block_number_column = 1",
+    shard_by=BY_ID_HASH,
 )
 
 # Which id hashes event_ids holds, and nothing else: probed first, so that the wide
@@ -139,12 +147,11 @@ EVENT_ID_HASHES = Table(
     engine="MergeTree",
     order_by="id_hash",
     settings=EVENT_IDS_V5.settings,
+    shard_by="id_hash",  # = sipHash64(event_id): a hash lands on the shard of its event_ids row
 )
 
-EVENT_ID_HASHES_MV = (
-    f"CREATE MATERIALIZED VIEW IF NOT EXISTS event_id_hashes_mv TO {EVENT_ID_HASHES.name} AS "
-    f"SELECT id_hash FROM {EVENT_IDS.name}"
-)
+EVENT_ID_HASHES_VIEW = View("event_id_hashes_mv", EVENT_ID_HASHES, EVENT_IDS, "SELECT id_hash FROM {source}")
+EVENT_ID_HASHES_MV = EVENT_ID_HASHES_VIEW.create_sql()
 
 DEAD_LETTERS = Table(
     name="dead_letters",
@@ -162,6 +169,8 @@ DEAD_LETTERS = Table(
     ),
     engine="ReplacingMergeTree",
     order_by="(source_topic, source_partition, source_offset, source_index)",
+    # A redelivered record meets its first copy on one shard, where the engine folds them.
+    shard_by="cityHash64(source_topic, source_partition)",
 )
 
 USAGE_HOURLY = Table(
@@ -182,19 +191,20 @@ USAGE_HOURLY = Table(
     engine="SummingMergeTree",
     partition_by="period",
     order_by="(tenant, hour, rate_card, kind, gpu_model, mig_profile, capacity_type)",
+    shard_by=BY_TENANT,
     # Migration 5 gives it a deduplication window too: a view's target drops the block of a
     # deduplicated insert only with a window of its own (else a dropped repeat still counts).
 )
 
-USAGE_HOURLY_MV = """
-CREATE MATERIALIZED VIEW IF NOT EXISTS usage_hourly_mv TO usage_hourly AS
+USAGE_HOURLY_VIEW = View("usage_hourly_mv", USAGE_HOURLY, RATED_USAGE, """
 SELECT period, toStartOfHour(window_start) AS hour, tenant, rate_card, kind,
        ifNull(gpu_model, '') AS gpu_model, ifNull(mig_profile, '') AS mig_profile,
        capacity_type, sum(unit_seconds) AS unit_seconds, sum(list_cost) AS list_cost,
        count() AS samples
-FROM rated_usage
+FROM {source}
 GROUP BY period, hour, tenant, rate_card, kind, gpu_model, mig_profile, capacity_type
-"""
+""")
+USAGE_HOURLY_MV = USAGE_HOURLY_VIEW.create_sql()
 
 QUOTA_EVENTS = Table(
     name="quota_events",
@@ -213,6 +223,7 @@ QUOTA_EVENTS = Table(
     # A replay republishes the same deterministic event_id: folded here.
     engine="ReplacingMergeTree",
     order_by="(tenant, event_id)",
+    shard_by=BY_TENANT,
 )
 
 PREEMPTIONS = Table(
@@ -236,6 +247,7 @@ PREEMPTIONS = Table(
     ),
     engine="ReplacingMergeTree",
     order_by="(tenant, record_id)",
+    shard_by=BY_TENANT,
 )
 
 _EVENT_ID_COLUMNS = ", ".join(EVENT_IDS_V5.insert_columns)
@@ -305,5 +317,13 @@ PIPELINE = SchemaOwner(
             "AFTER source_partition",
             "ALTER TABLE event_ids MODIFY SETTING enable_block_number_column = 1",
         )),
+    ),
+    # What migrations 1 to 8 leave, for a fresh cluster database (the insert deduplication
+    # windows were set by migration 5). tests/integration/test_cluster_schema.py compares it
+    # with a database the migrations built.
+    current=(
+        replace(RATED_USAGE, dedup_window=INSERT_DEDUP_WINDOW), DEAD_LETTERS,
+        replace(USAGE_HOURLY, dedup_window=INSERT_DEDUP_WINDOW), USAGE_HOURLY_VIEW,
+        QUOTA_EVENTS, PREEMPTIONS, EVENT_IDS, EVENT_ID_HASHES, EVENT_ID_HASHES_VIEW,
     ),
 )

@@ -3,14 +3,70 @@
 The owner of a table (the pipeline for rated_usage, pricing for invoices, ...) declares it
 with ``Table``; ``create_sql()`` is its CREATE statement and ``insert_columns`` / ``row_of``
 the column order every insert uses, so no column tuple is kept in step with DDL by hand.
+
+``create_statements(topology)`` renders the same declaration for a ClickHouse cluster
+(contract 9; docs/operations.md, "ClickHouse clusters"):
+
+- single node (no cluster): the plain engine, as ``create_sql()``;
+- replicated: ``Replicated*`` engines at ``/clickhouse/tables/{shard}/{database}/<table>`` with
+  replica ``{replica}``, created ``ON CLUSTER`` (the one DDL propagation mode);
+- sharded: a table with a ``shard_by`` key becomes ``<table>_local`` on every node plus
+  ``<table>`` = ``Distributed(cluster, currentDatabase(), <table>_local, shard_by)``, so
+  readers and writers keep using the table's name; views connect the ``_local`` tables;
+- a table without ``shard_by`` (the invoice ledger, invoices, ``schema_migrations``) is never
+  sharded: on any cluster it is one replica set over every node (Keeper path
+  ``/clickhouse/tables/global/{database}/<table>``, replica ``{shard}-{replica}``), so each
+  node reads it whole and insert-deduplication claims on it are decided cluster-wide.
 """
 
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MERGE_TREE = re.compile(r"^(\w*MergeTree)(?:\((.*)\))?$")
+LOCAL_SUFFIX = "_local"
+SHARD_PATH = "/clickhouse/tables/{shard}/{database}"
+# Never-sharded tables: one replica set over every node of the cluster.
+GLOBAL_PATH = "/clickhouse/tables/global/{database}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How the database's tables are laid out (contract 9's ``clickhouse.cluster``,
+    ``replicated`` and ``sharded``). No cluster: one node, the plain DDL."""
+
+    cluster: str | None = None
+    replicated: bool = False
+    sharded: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cluster is not None and not IDENTIFIER.match(self.cluster):
+            raise ValueError(f"clickhouse.cluster {self.cluster!r} is not a plain identifier")
+        if (self.replicated or self.sharded) and self.cluster is None:
+            raise ValueError("clickhouse.replicated and clickhouse.sharded need clickhouse.cluster "
+                             "(DDL reaches every node by ON CLUSTER)")
+        if self.cluster is not None and not (self.replicated or self.sharded):
+            raise ValueError(f"clickhouse.cluster {self.cluster!r} needs clickhouse.replicated or "
+                             "clickhouse.sharded (plain tables ON CLUSTER would hold other rows on "
+                             "every node)")
+
+    @property
+    def on_cluster(self) -> str:
+        return f" ON CLUSTER {self.cluster}" if self.cluster is not None else ""
+
+    @property
+    def name(self) -> str:
+        """plain | replicated | sharded | replicated-sharded (golden files, messages)."""
+        parts = [part for part, on in (("replicated", self.replicated), ("sharded", self.sharded)) if on]
+        return "-".join(parts) or "plain"
+
+
+SINGLE_NODE = Topology()
 
 
 @dataclass(frozen=True)
@@ -46,6 +102,11 @@ class Table:
     primary_key: str | None = None
     # Engine settings fixed at creation, e.g. "index_granularity = 256".
     settings: str | None = None
+    # How many recent insert tokens the table remembers (insert_deduplication_token): rendered as
+    # non_replicated_deduplication_window, or replicated_deduplication_window on Replicated*.
+    dedup_window: int | None = None
+    # The sharding expression on a sharded cluster; None: never sharded (one replica set).
+    shard_by: str | None = None
     _getter: Callable[[Any], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,16 +128,58 @@ class Table:
 
     def create_sql(self, name: str | None = None) -> str:
         """The CREATE statement; ``name`` creates a twin (e.g. for a copy-and-exchange migration)."""
+        return self._create(name or self.name, self.engine, self._settings(replicated=False), "")
+
+    def create_statements(self, topology: Topology = SINGLE_NODE) -> tuple[str, ...]:
+        """The statements that create this table on ``topology`` (see the module's docstring)."""
+        if topology.cluster is None:
+            return (self.create_sql(),)
+        settings = self._settings(replicated=True)
+        if self.shard_by is None:
+            engine = self._replicated(f"{GLOBAL_PATH}/{self.name}", "{shard}-{replica}")
+            return (self._create(self.name, engine, settings, topology.on_cluster),)
+        local = self.local_name(topology)
+        engine = self.engine
+        if topology.replicated:
+            engine = self._replicated(f"{SHARD_PATH}/{local}", "{replica}")
+        elif self.dedup_window is not None:
+            settings = self._settings(replicated=False)
+        statements = [self._create(local, engine, settings, topology.on_cluster)]
+        if topology.sharded:
+            statements.append(
+                f"CREATE TABLE IF NOT EXISTS {self.name}{topology.on_cluster} AS {local}\n"
+                f"ENGINE = Distributed({topology.cluster}, currentDatabase(), {local}, {self.shard_by})")
+        return tuple(statements)
+
+    def local_name(self, topology: Topology) -> str:
+        """The table that holds this node's rows: ``<name>_local`` for a sharded table."""
+        return self.name + LOCAL_SUFFIX if topology.sharded and self.shard_by is not None else self.name
+
+    def _replicated(self, path: str, replica: str) -> str:
+        match = _MERGE_TREE.match(self.engine)
+        if match is None:
+            raise ValueError(f"table {self.name}: engine {self.engine} has no Replicated form")
+        arguments = f"'{path}', '{replica}'" + (f", {match.group(2)}" if match.group(2) else "")
+        return f"Replicated{match.group(1)}({arguments})"
+
+    def _settings(self, replicated: bool) -> str | None:
+        settings = [self.settings] if self.settings is not None else []
+        if self.dedup_window is not None:
+            window = "replicated" if replicated else "non_replicated"
+            settings.append(f"{window}_deduplication_window = {self.dedup_window}")
+        return ", ".join(settings) or None
+
+    def _create(self, name: str, engine: str, settings: str | None, on_cluster: str) -> str:
         body = ",\n    ".join(column.ddl for column in self.columns)
-        sql = f"CREATE TABLE IF NOT EXISTS {name or self.name} (\n    {body}\n)\nENGINE = {self.engine}"
+        sql = f"CREATE TABLE IF NOT EXISTS {name}{on_cluster} (\n    {body}\n)\nENGINE = {engine}"
         if self.primary_key is not None:
             sql += f"\nPRIMARY KEY {self.primary_key}"
         if self.partition_by is not None:
             sql += f"\nPARTITION BY {self.partition_by}"
         if self.order_by is not None:
             sql += f"\nORDER BY {self.order_by}"
-        if self.settings is not None:
-            sql += f"\nSETTINGS {self.settings}"
+        if settings is not None:
+            sql += f"\nSETTINGS {settings}"
         return sql
 
     def row_of(self, record: Any) -> tuple[Any, ...]:
@@ -90,6 +193,29 @@ class Table:
 
     def as_mapping(self, row: Sequence[Any]) -> dict[str, Any]:
         return dict(zip(self.insert_columns, row, strict=True))
+
+
+@dataclass(frozen=True)
+class View:
+    """A materialized view that copies what is inserted into ``source`` to ``target``.
+
+    ``select`` names the source as ``{source}``: on a sharded cluster the view connects the
+    ``_local`` tables of each node (source and target are sharded alike, so a row's rollup
+    stays on its shard)."""
+
+    name: str
+    target: Table
+    source: Table
+    select: str
+
+    def __post_init__(self) -> None:
+        if (self.source.shard_by is None) != (self.target.shard_by is None):
+            raise ValueError(f"view {self.name}: its source and target must both be sharded or neither")
+
+    def create_sql(self, topology: Topology = SINGLE_NODE) -> str:
+        return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {self.name}{topology.on_cluster} "
+                f"TO {self.target.local_name(topology)} AS "
+                + self.select.strip().format(source=self.source.local_name(topology)))
 
 
 @dataclass(frozen=True)
@@ -107,3 +233,19 @@ class SchemaOwner:
 
     owner: str
     migrations: tuple[Migration, ...]
+    # What the migrations have built by now, in creation order: a fresh cluster database gets
+    # these rendered for its topology instead of replaying migrations written for one node.
+    current: tuple[Table | View, ...] = ()
+
+    @property
+    def version(self) -> int:
+        return max((migration.version for migration in self.migrations), default=0)
+
+    def create_statements(self, topology: Topology) -> list[str]:
+        statements: list[str] = []
+        for declaration in self.current:
+            if isinstance(declaration, View):
+                statements.append(declaration.create_sql(topology))
+            else:
+                statements.extend(declaration.create_statements(topology))
+        return statements

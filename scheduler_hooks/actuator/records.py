@@ -105,8 +105,8 @@ class RecordSink:
         self._settings = settings
         self._topic = settings.kafka.topic(PREEMPTIONS_TOPIC)
         self._producer: AIOKafkaProducer | None = None
-        self._writer = _Connection(settings.clickhouse.dsn)
-        self._readers = [_Connection(settings.clickhouse.dsn) for _ in range(READERS)]
+        self._writer = _Connection(settings.clickhouse.connection_dsn())
+        self._readers = [_Connection(settings.clickhouse.connection_dsn()) for _ in range(READERS)]
         self._idle_readers: asyncio.Queue[_Connection] = asyncio.Queue()
         for reader in self._readers:
             self._idle_readers.put_nowait(reader)

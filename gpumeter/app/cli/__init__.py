@@ -37,6 +37,7 @@ COMMANDS: dict[str, Command] = {
                   arguments="up_arguments"),
     "down": Command("local", "down", "stop them", arguments=None),
     "status": Command("local", "status", "show what runs where", arguments="status_arguments"),
+    "migrate": Command("migrate", "run", "apply the ClickHouse schema migrations (under a lock)"),
     "collect": Command("collect", "run", "node agent"),
     "worker": Command("worker", "run", "stream processors (rating, quotas, sink)"),
     "ingest": Command("ingest", "run", "publish UsageSample lines from a file ('-' = stdin)"),

@@ -61,7 +61,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)  # piped or captured: wide tables, not 80 truncated columns
-    client = clickhouse.connect(settings.clickhouse.dsn)
+    client = clickhouse.connect(settings.clickhouse.connection_dsn())
     try:
         if not args.no_publish:
             schema.migrate(client)

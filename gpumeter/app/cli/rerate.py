@@ -41,7 +41,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"{verb} {args.period}", total=prepared.rows)
-            result = apply(context, prepared, lambda: clickhouse.connect(settings.clickhouse.dsn),
+            dsn = settings.clickhouse.connection_dsn()
+            result = apply(context, prepared, lambda: clickhouse.connect(dsn),
                            dry_run=args.dry_run, advance=lambda rows: progress.advance(task, rows))
 
     title = f"rerate {result.period}" + (" (dry run: nothing written)" if result.dry_run else "")

@@ -16,9 +16,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from gpumeter.infra import clickhouse
     from streams.app import run_worker
 
-    client = clickhouse.connect(settings.clickhouse.dsn)
+    # Migrations are `gpumeter migrate`'s, under its lock (`gpumeter up` and the demo run it for
+    # the local runtime): a worker never changes the schema, it only refuses one that is behind.
+    client = clickhouse.connect(settings.clickhouse.connection_dsn(), create_database=False)
     try:
-        schema.migrate(client)
+        schema.require_current(client, clickhouse.parse_dsn(settings.clickhouse.dsn).url)
     finally:
         client.close()
     run_worker(settings, loglevel=args.loglevel)

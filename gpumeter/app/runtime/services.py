@@ -72,7 +72,7 @@ def drop_namespace(settings: Settings) -> None:
             client.delete_groups([settings.kafka.topic_prefix + settings.worker.group])
     finally:
         client.close()
-    clickhouse.drop_database(settings.clickhouse.dsn)
+    clickhouse.drop_database(settings.clickhouse.connection_dsn())
 
 
 def up(settings: Settings, brokers: int | None = None) -> list[str]:
@@ -98,7 +98,7 @@ def up(settings: Settings, brokers: int | None = None) -> list[str]:
                     f"GPUMETER_KAFKA_MIN_INSYNC_REPLICAS={kafka_settings.min_insync_replicas}")
     if services.clickhouse is not None and services.clickhouse.start():
         done.append(f"started ClickHouse {services.clickhouse.url}")
-    client = clickhouse.connect(settings.clickhouse.dsn)
+    client = clickhouse.connect(settings.clickhouse.connection_dsn())
     applied = schema.migrate(client)
     client.close()
     if applied:

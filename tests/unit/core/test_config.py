@@ -580,3 +580,41 @@ def test_missing_settings_file(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_settings(tmp_path / "nope.yaml", env={})
     assert "not found" in str(caught.value)
+
+
+# --- clickhouse cluster settings (contract 9) ---------------------------------------------------
+
+
+def test_clickhouse_cluster_settings_come_from_env():
+    settings = load_settings(env={"GPUMETER_CLICKHOUSE_CLUSTER": "main",
+                                  "GPUMETER_CLICKHOUSE_REPLICATED": "true",
+                                  "GPUMETER_CLICKHOUSE_SHARDED": "true"})
+    assert (settings.clickhouse.cluster, settings.clickhouse.replicated, settings.clickhouse.sharded) == (
+        "main", True, True)
+    assert load_settings(env={}).clickhouse.cluster is None
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    pytest.param({"GPUMETER_CLICKHOUSE_REPLICATED": "true"}, "need cluster", id="replicated-without-cluster"),
+    pytest.param({"GPUMETER_CLICKHOUSE_SHARDED": "true"}, "need cluster", id="sharded-without-cluster"),
+    pytest.param({"GPUMETER_CLICKHOUSE_CLUSTER": "main"}, "needs replicated or sharded", id="cluster-alone"),
+])
+def test_a_clickhouse_topology_that_cannot_be_laid_out_is_a_config_error(env, says):
+    with pytest.raises(ConfigError, match=says) as caught:
+        load_settings(env=env)
+    assert "clickhouse" in str(caught.value)
+
+
+def test_the_clickhouse_password_comes_from_its_file_and_wins_over_the_dsn(tmp_path):
+    secret = tmp_path / "password"
+    secret.write_text("s3cr:t@\n")
+    settings = load_settings(env={"GPUMETER_CLICKHOUSE_DSN": "https://billing:old@ch.example:8443/gm",
+                                  "GPUMETER_CLICKHOUSE_PASSWORD_FILE": str(secret)})
+    assert settings.clickhouse.connection_dsn() == "https://billing:s3cr%3At%40@ch.example:8443/gm"
+    assert "s3cr" not in repr(settings)
+
+
+def test_a_missing_clickhouse_password_file_is_one_line_naming_the_setting(tmp_path):
+    settings = load_settings(env={"GPUMETER_CLICKHOUSE_PASSWORD_FILE": str(tmp_path / "absent")})
+    with pytest.raises(ConfigError, match=r"^clickhouse.password_file .*absent: No such file"):
+        settings.clickhouse.connection_dsn()
