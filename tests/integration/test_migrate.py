@@ -1,0 +1,140 @@
+"""`gpumeter migrate` under its lock, and the worker that refuses a schema behind (contract 9)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gpumeter.app.schema import OWNERS
+from gpumeter.core.settings import Settings
+from gpumeter.infra import clickhouse, migrations
+from gpumeter.infra.schema import PIPELINE, RATED_USAGE
+from gpumeter.infra.tables import Migration, SchemaOwner
+from tests.integration.test_dedup import LATER_THAN_6, OLD_KEY_RATED_USAGE, ROLLUP_TOTALS, TOTALS
+from tests.services import run_cli
+
+APPLIED = ("SELECT owner, version, count() FROM schema_migrations GROUP BY owner, version "
+           "ORDER BY owner, version")
+
+
+def rewind_to_pipeline_3(settings: Settings) -> None:
+    """The database as pipeline migration 3 left it (rated_usage keyed by tenant, event_id),
+    holding 3,000 rows over 3 tenants and 2 months, the rollup filled by its view."""
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        for statement in (*LATER_THAN_6, *(f"DROP TABLE IF EXISTS {table}" for table in (
+                "usage_hourly_mv", "event_ids", "rated_usage", "usage_hourly"))):
+            client.command(statement)
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 4")
+        client.command(OLD_KEY_RATED_USAGE)
+        migration_1 = next(m for m in PIPELINE.migrations if m.version == 1)
+        for statement in migration_1.statements[1:]:
+            client.command(statement)
+        client.command(
+            f"INSERT INTO rated_usage ({', '.join(RATED_USAGE.insert_columns)}) "
+            "SELECT concat('e', toString(number)), concat('t', toString(number % 3)), "
+            "if(number % 2 = 0, '2026-11', '2026-12'), 'gpu', 'c', 'n', 'ns', 'p', 'u', "
+            "toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
+            "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), "
+            "1, 60, 'H100-SXM-80GB', NULL, 'on-demand', 0, '2026-11', 'USD', 2.5, 1, 0.041666666666666667, "
+            "NULL, NULL, map(), 0, number FROM numbers(3000)")
+    finally:
+        client.close()
+
+
+def test_four_migrate_commands_at_once_apply_each_migration_once_and_keep_every_row(
+    settings: Settings,
+) -> None:
+    rewind_to_pipeline_3(settings)
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        before = client.query(TOTALS).result_rows
+        rollup_before = client.query(ROLLUP_TOTALS).result_rows
+        assert sum(row[2] for row in before) == 3000
+
+        with ThreadPoolExecutor(4) as pool:
+            runs = list(pool.map(lambda _: run_cli(settings, "migrate"), range(4)))
+
+        assert [run.returncode for run in runs] == [0, 0, 0, 0], [run.stderr for run in runs]
+        reported = [run.stdout for run in runs if "applied" in run.stdout]
+        assert len(reported) == 1, [run.stdout for run in runs]  # one applied, three found it done
+        assert "pipeline/4, pipeline/5, pipeline/6, pipeline/7, pipeline/8" in reported[0]
+        assert client.query(TOTALS).result_rows == before
+        assert client.query(ROLLUP_TOTALS).result_rows == rollup_before
+        counts = client.query(APPLIED).result_rows
+        assert {(str(owner), int(version)) for owner, version, _ in counts} == {
+            (owner.owner, m.version) for owner in OWNERS for m in owner.migrations}
+        assert all(count == 1 for _, _, count in counts), counts
+        assert "ORDER BY (tenant, window_start, event_id)" in clickhouse.scalar(
+            client, "SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
+                    "AND name = 'rated_usage'")
+        state = migrations.lock_state(client)
+        assert state is not None and state[2] == "released"
+    finally:
+        client.close()
+
+
+def test_a_worker_on_a_schema_behind_refuses_with_one_line_saying_to_migrate(settings: Settings) -> None:
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version = 8")
+    finally:
+        client.close()
+    worker = run_cli(settings, "worker", timeout=120)
+    assert worker.returncode == 1
+    lines = worker.stderr.strip().splitlines()
+    assert len(lines) == 1, worker.stderr
+    assert "pipeline/8 not applied" in lines[0] and "run `gpumeter migrate`" in lines[0]
+
+
+def test_an_unknown_cluster_is_one_line_naming_the_setting_and_changes_nothing(settings: Settings) -> None:
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version = 8")
+        before = client.query(APPLIED).result_rows
+        lock_before = migrations.lock_state(client)
+        on_cluster = settings.model_copy(deep=True)
+        on_cluster.clickhouse = on_cluster.clickhouse.model_copy(
+            update={"cluster": "no_such_cluster", "replicated": True})
+        run = run_cli(on_cluster, "migrate")
+        assert run.returncode == 1
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1, run.stderr
+        assert lines[0].startswith("gpumeter: error: clickhouse.cluster 'no_such_cluster': ")
+        assert client.query(APPLIED).result_rows == before
+        assert migrations.lock_state(client) == lock_before
+    finally:
+        client.close()
+
+
+def test_a_failed_migration_leaves_the_lock_released_and_its_version_unrecorded(settings: Settings) -> None:
+    broken = SchemaOwner("broken", (
+        Migration(1, "fine", ("CREATE TABLE IF NOT EXISTS fine (x UInt8) ENGINE = MergeTree ORDER BY x",)),
+        Migration(2, "fails", ("ALTER TABLE no_such_table ADD COLUMN y UInt8",)),
+    ))
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        with pytest.raises(Exception, match="no_such_table"):
+            migrations.migrate(client, [broken])
+        assert ("broken", 1) in migrations.applied_migrations(client)
+        assert ("broken", 2) not in migrations.applied_migrations(client)
+        state = migrations.lock_state(client)
+        assert state is not None and state[2] == "released"
+        # The lock is free: the next run takes it at once (a held lock would wait, then time out).
+        with pytest.raises(Exception, match="no_such_table"):
+            migrations.migrate(client, [broken], lock_timeout=1)
+    finally:
+        client.close()
+
+
+def test_a_held_lock_makes_migrate_wait_then_give_up_with_one_line(settings: Settings) -> None:
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        with migrations.schema_lock(client) as holder:
+            run = run_cli(settings, "migrate", "--lock-timeout", "2")
+        assert run.returncode == 1
+        lines = run.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"the schema lock is held by {holder}" in lines[0], run.stderr
+    finally:
+        client.close()
