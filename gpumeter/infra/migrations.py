@@ -109,14 +109,12 @@ def check_topology(client: Client, topology: Topology) -> None:
 def _keeper_problem(client: Client) -> str | None:
     try:
         client.query("SELECT count() FROM system.zookeeper WHERE path = '/'")
-        return None
     except Exception as exc:  # the server's error, reported in one line
         text = _first_line(exc)
-    if "UNKNOWN_TABLE" not in text:
-        return text
-    # An embedded server (chdb) has no system.zookeeper: a configured Keeper shows here instead.
-    connected = client.query("SELECT count() FROM system.zookeeper_connection").result_rows[0][0]
-    return None if connected else "no Keeper is configured (<zookeeper> in the server's config)"
+        # An embedded server (chdb) has no system.zookeeper and opens its Keeper session lazily:
+        # there the first Replicated CREATE (the schema tables', before any other) finds out.
+        return None if "UNKNOWN_TABLE" in text else text
+    return None
 
 
 def migrate(client: Client, owners: Sequence[SchemaOwner], topology: Topology = SINGLE_NODE,
@@ -125,11 +123,19 @@ def migrate(client: Client, owners: Sequence[SchemaOwner], topology: Topology = 
     applied. On one node every statement is idempotent (IF NOT EXISTS, MODIFY to a declared
     type), so a step interrupted half-way is simply run again."""
     check_topology(client, topology)
-    if topology.cluster is not None:
-        client.command(f"CREATE DATABASE IF NOT EXISTS {client.database}{topology.on_cluster}")
-    for table in (SCHEMA_MIGRATIONS, SCHEMA_LOCK):
-        for statement in table.create_statements(topology):
+    bootstrap = [(f"database {client.database}", f"CREATE DATABASE IF NOT EXISTS {client.database}"
+                  f"{topology.on_cluster}")] if topology.cluster is not None else []
+    bootstrap += [(table.name, statement) for table in (SCHEMA_MIGRATIONS, SCHEMA_LOCK)
+                  for statement in table.create_statements(topology)]
+    for what, statement in bootstrap:
+        try:
             client.command(statement)
+        except Exception as exc:
+            if topology.cluster is None:
+                raise
+            # Before the lock: a cluster that cannot take ON CLUSTER DDL changes nothing.
+            raise SchemaError(f"clickhouse.cluster {topology.cluster!r}: creating {what} failed: "
+                              f"{_first_line(exc)}") from exc
     with schema_lock(client, lock_timeout, lease):
         done = applied_migrations(client)
         applied: list[str] = []

@@ -32,12 +32,15 @@ SERVE_SQL = (
 )
 
 
-def config_xml(http_port: int, tcp_port: int, host: str) -> str:
+def config_xml(http_port: int, tcp_port: int, host: str, fragment: str = "") -> str:
+    """The server's config; ``fragment`` adds elements of its own (tests of cluster DDL give it
+    ``<zookeeper>``, ``<macros>`` and ``<remote_servers>``)."""
     return (
         "<clickhouse>\n"
         f"  <http_port>{http_port}</http_port>\n"
         f"  <tcp_port>{tcp_port}</tcp_port>\n"
         f"  <listen_host>{host}</listen_host>\n"
+        f"{fragment}"
         "</clickhouse>\n"
     )
 
@@ -61,7 +64,7 @@ def self_test() -> None:
         raise SystemExit("chserver: chdb._chdb.query is missing; the local server cannot start")
 
 
-def serve(data_path: Path, http_port: int, tcp_port: int, host: str) -> None:
+def serve(data_path: Path, http_port: int, tcp_port: int, host: str, fragment: str = "") -> None:
     """Blocks for the life of the server. Must run in a process of its own."""
     if host not in LOOPBACK:
         raise SystemExit(f"chserver: refusing to listen on {host}: the default user has no password")
@@ -70,7 +73,7 @@ def serve(data_path: Path, http_port: int, tcp_port: int, host: str) -> None:
 
     workdir = data_path.parent
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.xml").write_text(config_xml(http_port, tcp_port, host))
+    (workdir / "config.xml").write_text(config_xml(http_port, tcp_port, host, fragment))
     import os
 
     os.chdir(workdir)  # LocalServer reads config.xml from the working directory
@@ -85,6 +88,7 @@ class LocalClickHouse:
     host: str = "127.0.0.1"
     port: int = 8123
     tcp_port: int = 9000
+    config_fragment: str = ""  # XML elements added to config.xml
 
     @property
     def url(self) -> str:
@@ -117,6 +121,10 @@ class LocalClickHouse:
             sys.executable, "-m", "gpumeter.app.runtime.chserver", "--path", str(self.home / "data"),
             "--host", self.host, "--port", str(self.port), "--tcp-port", str(self.tcp_port),
         ]
+        if self.config_fragment:
+            fragment = self.home / "config-fragment.xml"
+            fragment.write_text(self.config_fragment)
+            argv += ["--config-fragment", str(fragment)]
         process = spawn(argv, self.log_file, self.pid_file, self.home)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -138,8 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--tcp-port", type=int, default=9000)
+    parser.add_argument("--config-fragment", type=Path, help="a file of XML elements added to config.xml")
     args = parser.parse_args(argv)
-    serve(args.path, args.port, args.tcp_port, args.host)
+    fragment = args.config_fragment.read_text() if args.config_fragment else ""
+    serve(args.path, args.port, args.tcp_port, args.host, fragment)
 
 
 if __name__ == "__main__":
