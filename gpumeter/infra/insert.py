@@ -62,7 +62,7 @@ def wire(table: Table) -> Wire:
     cached = _WIRES.get(table.name)
     if cached is not None and cached.names == table.insert_columns:
         return cached
-    types = [column.type for column in table.columns if column.default is None]
+    types = [column.type for column in table.columns if column.inserted]
     decimals = []
     for index, name in enumerate(types):
         match = _DECIMAL_TYPE.match(name)

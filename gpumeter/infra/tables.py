@@ -73,11 +73,19 @@ SINGLE_NODE = Topology()
 class Column:
     name: str
     type: str
-    # A DEFAULT expression filled in by the server: such a column is not part of inserted rows.
+    # A DEFAULT expression filled in by the server: such a column is not part of inserted rows
+    # (unless ``backfill``).
     default: str | None = None
     comment: str | None = None
     # A compression codec of the column's own, e.g. "NONE" for values that do not compress.
     codec: str | None = None
+    # The default only fills rows written before the column was added; inserts carry a value.
+    backfill: bool = False
+
+    @property
+    def inserted(self) -> bool:
+        """Whether inserted rows carry this column."""
+        return self.default is None or self.backfill
 
     @property
     def ddl(self) -> str:
@@ -118,7 +126,7 @@ class Table:
     @property
     def insert_columns(self) -> tuple[str, ...]:
         """The columns of an inserted row, in declaration order."""
-        return tuple(column.name for column in self.columns if column.default is None)
+        return tuple(column.name for column in self.columns if column.inserted)
 
     def column(self, name: str) -> Column:
         for column in self.columns:

@@ -182,10 +182,11 @@ def test_rated_lines_store_what_their_values_store(settings: Settings) -> None:
             assert sink.store_rated(as_lines[start:start + 100]).stored == len(as_lines[start:start + 100])
             assert sink.store_rated(as_values[start:start + 100]).stored == len(as_values[start:start + 100])
         batches = -(-len(rated) // 100)
-        # (event_ids is filled server-side from the stored rows: no insert of its own)
-        assert counts == {"lines:rated_usage": batches, "values:rated_usage": batches}
+        # event_ids gets each batch's claims as values, before its rows (streams/sink.py)
+        assert counts == {"lines:rated_usage": batches, "values:rated_usage": batches,
+                          "values:event_ids": 2 * batches}
         rated_columns = list(RATED_USAGE.insert_columns)
-        ids_columns = [column.name for column in EVENT_IDS.columns if column.default is None]
+        ids_columns = list(EVENT_IDS.insert_columns)
         hourly = "(SELECT period, hour, tenant, rate_card, kind, gpu_model, mig_profile, capacity_type, " \
                  "sum(unit_seconds) AS unit_seconds, sum(list_cost) AS list_cost, sum(samples) AS samples " \
                  "FROM usage_hourly GROUP BY ALL)"

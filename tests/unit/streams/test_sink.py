@@ -62,7 +62,7 @@ def stored_like_the_server(declared: Table, types: list[str], values: Row) -> Ro
     """Text sent for a Decimal column converted as the server converts it: digits beyond the
     scale truncated; beyond the precision, NULL in a Nullable column (silently), else code 69."""
     stored = list(values)
-    for index, column in enumerate(c for c in declared.columns if c.default is None):
+    for index, column in enumerate(c for c in declared.columns if c.inserted):
         match = _DECIMAL.match(column.type)
         if match is None or not isinstance(values[index], str):
             continue
@@ -129,7 +129,7 @@ class FakeClickHouseClient:
         assert list(column_names or []) == list(declared.insert_columns)
         rows = [tuple(r) for r in (zip(*data, strict=True) if column_oriented else data)]
         types = list(column_type_names) if column_type_names is not None else [
-            column.type for column in declared.columns if column.default is None]
+            column.type for column in declared.columns if column.inserted]
         self.inserts += 1
         if self.down_for > 0:
             self.down_for -= 1

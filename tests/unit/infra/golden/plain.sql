@@ -44,8 +44,8 @@ CREATE TABLE IF NOT EXISTS rated_usage (
     utilization Nullable(Decimal(18, 6)),
     energy_joules Nullable(Decimal(38, 6)),
     labels Map(String, String),
-    source_partition Int32,
-    source_offset Int64,
+    source_partition Int32 DEFAULT -1,
+    source_offset Int64 DEFAULT -1,
     inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
 )
 ENGINE = ReplacingMergeTree
@@ -58,8 +58,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     reason String,
     raw String,
     source_topic LowCardinality(String),
-    source_partition Int32,
-    source_offset Int64,
+    source_partition Int32 DEFAULT -1,
+    source_offset Int64 DEFAULT -1,
     source_index UInt32,
     event_id Nullable(String),
     tenant Nullable(String),
@@ -140,8 +140,8 @@ CREATE TABLE IF NOT EXISTS event_ids (
     mig_profile LowCardinality(Nullable(String)),
     capacity_type LowCardinality(String),
     period String,
-    source_partition Int32,
-    source_offset Int64,
+    source_partition Int32 DEFAULT -1,
+    source_offset Int64 DEFAULT -1,
     id_hash UInt64 DEFAULT sipHash64(event_id) CODEC(NONE),
     recorded_at DateTime64(3, 'UTC') DEFAULT now64(3)
 )
