@@ -9,6 +9,7 @@ The nodes reach each other over plaintext loopback listeners that no client is g
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import socket
 import time
@@ -67,9 +68,14 @@ class SecureKafka:
     password_files: dict[str, Path]
 
     @property
-    def internal_ports(self) -> list[int]:
-        """The nodes' plaintext loopback ports (no client is ever given them)."""
-        return [node.port for node in self.cluster.nodes]
+    def plaintext_ports(self) -> set[int]:
+        """The nodes' plaintext loopback listeners, INTERNAL and CONTROLLER: no client is given them."""
+        return {port for node in self.cluster.nodes for port in (node.port, node.controller_port)}
+
+    @property
+    def client_ports(self) -> set[int]:
+        """The SASL_SSL listeners."""
+        return {node.client_listener.port for node in self.cluster.nodes if node.client_listener is not None}
 
     def settings(self, user: str = ADMIN, **changes: object) -> KafkaSettings:
         """KafkaSettings of ``user`` over SASL_SSL: the client listeners only."""
@@ -149,3 +155,23 @@ def secure_kafka(home: Path, users: Sequence[str], *, nodes: int = 3, authorize:
         yield secure
     finally:
         cluster.stop()
+
+
+def remote_ports(pid: int) -> set[int]:
+    """The remote ports of process ``pid``'s established TCP connections (Linux ``/proc``)."""
+    inodes = set()
+    for descriptor in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(descriptor)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target.removeprefix("socket:[").removesuffix("]"))
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            remote, state, inode = fields[2], fields[3], fields[9]
+            if state == "01" and inode in inodes:  # 01: ESTABLISHED
+                ports.add(int(remote.rsplit(":", 1)[1], 16))
+    return ports

@@ -13,7 +13,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from kafka import TopicPartition
 from kafka.errors import AuthorizationError, TopicAuthorizationFailedError
 
 from gpumeter.app import schema
@@ -58,12 +57,20 @@ def send(settings: KafkaSettings, base: str) -> None:
 
 
 def read(settings: KafkaSettings, base: str) -> None:
-    """Fetch from the start of partition 0 of a topic, without a group."""
-    consumer = kafka.make_consumer(settings, group_id=None, enable_auto_commit=False,
-                                   auto_offset_reset="earliest")
+    """Consume a topic in a group, as the worker and the actuator do."""
+    consumer = kafka.make_consumer(settings, settings.topic(base), group_id=f"{PREFIX}reader",
+                                   enable_auto_commit=False, auto_offset_reset="earliest")
     try:
-        consumer.assign([TopicPartition(settings.topic(base), 0)])
         consumer.poll(timeout_ms=5000)
+    finally:
+        consumer.close()
+
+
+def visible(settings: KafkaSettings, base: str) -> bool:
+    """Whether the topic shows in the cluster's metadata for this principal (DESCRIBE)."""
+    consumer = kafka.make_consumer(settings, group_id=None, enable_auto_commit=False)
+    try:
+        return bool(consumer.partitions_for_topic(settings.topic(base)))
     finally:
         consumer.close()
 
@@ -76,7 +83,9 @@ def test_the_agent_produces_samples_but_cannot_write_quota_events_nor_read_rated
         send(agent, allowed)
     with pytest.raises(TopicAuthorizationFailedError):
         send(agent, topics.QUOTA_EVENTS)
-    with pytest.raises(TopicAuthorizationFailedError):
+    # Rated usage is invisible to the agent, and it has no group to read in.
+    assert visible(as_user(acl_kafka, "worker"), topics.RATED) and not visible(agent, topics.RATED)
+    with pytest.raises(AuthorizationError):
         read(agent, topics.RATED)
 
 
@@ -133,8 +142,14 @@ def test_the_worker_rates_and_the_cli_ingests_drains_and_reads_quotas_each_as_it
         schema.migrate(client)
     finally:
         client.close()
-    worker = base.model_copy(update={"kafka": as_user(acl_kafka, "worker")})
-    cli = base.model_copy(update={"kafka": as_user(acl_kafka, "cli")})
+    # Topics of its own (the other tests publish into the module's), granted as the fixture does.
+    prefix = "acl-pipeline."
+    kafka.ensure_topics(acl_kafka.settings(ADMIN, topic_prefix=prefix))
+    worker = base.model_copy(update={"kafka": acl_kafka.settings("worker", topic_prefix=prefix)})
+    cli = base.model_copy(update={"kafka": acl_kafka.settings("cli", topic_prefix=prefix)})
+    granted = role_acls(worker)
+    for role in ("worker", "cli"):
+        acl_kafka.grant(role, granted[role])
 
     lines = [json.dumps(sample(f"ev-{hour}", tenant="team-a", start=f"2026-11-10T0{hour}:00:00Z"))
              for hour in range(3)]
