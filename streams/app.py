@@ -77,7 +77,7 @@ def create_app(settings: Settings) -> WorkerApp:
     faust_dir = settings.data_dir / "faust"
     faust_dir.mkdir(parents=True, exist_ok=True)
     app = _SeekSafeApp(
-        kafka.topic_prefix + settings.worker.group,
+        topics.worker_group_id(kafka.topic_prefix, settings.worker.group),
         broker=[f"kafka://{address.strip()}" for address in kafka.bootstrap.split(",")],
         broker_credentials=broker_credentials(kafka),
         producer_compression_type=kafka_admin.compression_type(kafka),

@@ -37,7 +37,6 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from gpumeter.core.config_files import ConfigError
 from gpumeter.core.models import CapacityType, Kind, QuotaEvent, QuotaMetric, RatedUsage
 from gpumeter.core.records import split
-from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.tenants import TenantPolicy, TenantsFile, load_tenants
 from gpumeter.core.validation import TENANT_PATTERN, UtcTimestamp
 from quota.accounting import (
@@ -55,14 +54,6 @@ from streams.quota_decode import read_usages
 log = logging.getLogger("gpumeter.quota")
 
 TenantState = Literal["ok", "warning", "exceeded", "blocked"]
-
-
-LEDGER_TABLE = "quota-ledgers"
-
-
-def ledger_changelog_topic(kafka: KafkaSettings, group: str) -> str:
-    """The compacted topic of the worker's ledger table (faust's name: <app id>-<table>-changelog)."""
-    return f"{kafka.topic_prefix}{group}-{LEDGER_TABLE}-changelog"
 
 
 class LedgerState(BaseModel):

@@ -20,13 +20,12 @@ from faust.types import TP, EventT, StreamT
 from gpumeter.core import topics
 from gpumeter.core.models import QuotaEvent, dead_letter
 from gpumeter.core.settings import Settings
-from gpumeter.core.topics import TopicSpec
+from gpumeter.core.topics import LEDGER_TABLE, TopicSpec, ledger_changelog_topic
 from gpumeter.infra import kafka as kafka_admin
 from gpumeter.infra.rows import Row
 from gpumeter.infra.schema import QUOTA_EVENTS
 from streams.batch_writer import BatchWriter
 from streams.quota import (
-    LEDGER_TABLE,
     BadQuotaEvent,
     BadRatedRecord,
     BadState,
@@ -37,7 +36,6 @@ from streams.quota import (
     decode_state,
     encode_event,
     encode_state,
-    ledger_changelog_topic,
 )
 from streams.sink import ClickHouseSink, first_line
 from streams.stage import encode_dead
@@ -112,7 +110,7 @@ def _ensure_ledger_changelog(settings: Settings) -> int:
     rated = kafka_admin.end_offsets(kafka, [kafka.topic(topics.RATED)])
     partitions = len(rated) or kafka.partitions.rated
     sized = kafka.model_copy(update={"partitions": kafka.partitions.model_copy(update={"rated": partitions})})
-    name = ledger_changelog_topic(kafka, settings.worker.group).removeprefix(kafka.topic_prefix)
+    name = ledger_changelog_topic(kafka.topic_prefix, settings.worker.group).removeprefix(kafka.topic_prefix)
     kafka_admin.ensure_topics(sized, [TopicSpec(name, "rated", compacted=True)])
     return partitions
 
@@ -144,7 +142,7 @@ def add_quota(app: faust.App, settings: Settings, rated_topic: Any, quota_topic:
     partitions = _ensure_ledger_changelog(settings)
     ledgers = app.Table(LEDGER_TABLE, default=None, key_type=bytes, value_type=bytes, partitions=partitions,
                         help="quota ledger state per tenant (LedgerState JSON)")
-    changelog = ledger_changelog_topic(kafka, worker.group)
+    changelog = ledger_changelog_topic(kafka.topic_prefix, worker.group)
     if ledgers.changelog_topic.get_topic_name() != changelog:  # `gpumeter quota status` reads it by name
         raise RuntimeError(f"ledger changelog is {ledgers.changelog_topic.get_topic_name()}, not {changelog}")
     partitioner = DefaultPartitioner()  # the producer's: where a tenant's rated records go

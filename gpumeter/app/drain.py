@@ -31,7 +31,7 @@ def _behind(targets: Mapping[TopicPartition, int], committed: Mapping[TopicParti
 
 def drain(settings: Settings, timeout: float = 120.0,
           on_progress: Callable[[str, int], None] | None = None) -> None:
-    group = settings.kafka.topic_prefix + settings.worker.group
+    group = topics.worker_group_id(settings.kafka.topic_prefix, settings.worker.group)
     deadline = time.monotonic() + timeout
     samples = settings.kafka.topic(topics.SAMPLES)
     downstream = [settings.kafka.topic(topics.DEADLETTER)]

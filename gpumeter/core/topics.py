@@ -38,3 +38,24 @@ ALL: tuple[TopicSpec, ...] = (
 def topic_name(base: str, prefix: str = "") -> str:
     """Topic name under an optional prefix, which isolates tenants of one broker (e.g. tests)."""
     return f"{prefix}{base}"
+
+
+# The worker's quota ledgers: a faust table, whose compacted changelog faust names
+# "<app id>-<table>-changelog" (the app id is the worker's group).
+LEDGER_TABLE = "quota-ledgers"
+ACTUATOR_GROUP_SUFFIX = "-actuator"
+
+
+def worker_group_id(prefix: str, worker_group: str) -> str:
+    """The worker's consumer group, which is also its faust app id."""
+    return f"{prefix}{worker_group}"
+
+
+def ledger_changelog_topic(prefix: str, worker_group: str) -> str:
+    """The compacted topic of the worker's ledger table."""
+    return f"{worker_group_id(prefix, worker_group)}-{LEDGER_TABLE}-changelog"
+
+
+def actuator_group_id(prefix: str, hooks_group: str) -> str:
+    """The quota actuator's consumer group (of the quota events topic)."""
+    return f"{prefix}{hooks_group}{ACTUATOR_GROUP_SUFFIX}"

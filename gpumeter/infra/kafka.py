@@ -12,6 +12,7 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 from kafka.errors import (
+    AuthorizationError,
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     KafkaError,
@@ -65,6 +66,15 @@ def _refused_credentials() -> Iterator[list[Exception]]:
     finally:
         for logger in loggers:
             logger.removeHandler(watch)
+
+
+def refusal(kafka: KafkaSettings, exc: AuthorizationError) -> str:
+    """One line for an operation the cluster's ACLs refused: who was refused what. Waiting or
+    retrying will not help; the role's ACLs (gpumeter/core/kafka_acls.py) must be granted."""
+    who = f"user {kafka.sasl_username!r}" if kafka.uses_sasl else f"this {kafka.security_protocol} client"
+    detail = str(exc).split(": ", 1)[-1] if ": " in str(exc) else ""
+    return (f"Kafka at {kafka.bootstrap} did not authorize {who}: {type(exc).__name__}"
+            f"{f' ({detail})' if detail else ''}; grant it its role's ACLs (gpumeter.core.kafka_acls)")
 
 
 class TopicMismatch(RuntimeError):

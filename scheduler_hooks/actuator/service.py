@@ -71,7 +71,7 @@ from gpumeter.core.kube import PROTECTED_ANNOTATION, tenant_of_namespace
 from gpumeter.core.models import PreemptionAction, QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy
-from gpumeter.core.topics import QUOTA_EVENTS
+from gpumeter.core.topics import QUOTA_EVENTS, actuator_group_id
 from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.evictions import Evictions
@@ -96,7 +96,6 @@ from scheduler_hooks.cluster.kube_objects import PodView, namespace_tenants, nod
 log = logging.getLogger("gpumeter.actuator")
 T = TypeVar("T")
 
-GROUP_SUFFIX = "-actuator"
 RECLAIM_SECONDS = 5.0
 QUEUE_SYNC_SECONDS = 5.0
 NODE_CACHE_SECONDS = 30.0
@@ -166,7 +165,7 @@ class Actuator:
 
     @property
     def group(self) -> str:
-        return f"{self.settings.kafka.topic_prefix}{self.settings.hooks.group}{GROUP_SUFFIX}"
+        return actuator_group_id(self.settings.kafka.topic_prefix, self.settings.hooks.group)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

@@ -7,59 +7,40 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpumeter.app.runtime.kafka_broker import ClientListener, LocalKafkaCluster
 from gpumeter.core import topics
 from gpumeter.core.settings import KafkaSettings, Partitions, Settings
 from gpumeter.infra import kafka
-from testkit.certs import CertificateAuthority
+from testkit.secure_kafka import SecureKafka, secure_kafka
 from tests.services import free_port, run_cli
 
 pytestmark = pytest.mark.integration
 
-USER, PASSWORD = "gpumeter-worker", "s3cret-worker-pass"
+USER = "gpumeter-worker"
 
 
-@dataclass
 class SecureCluster:
-    cluster: LocalKafkaCluster
-    ca_file: Path
-    password_file: Path
+    """The cluster, with settings of one user under a topic prefix of their own per call."""
+
+    def __init__(self, secure: SecureKafka) -> None:
+        self.secure = secure
 
     def settings(self, **changes: object) -> KafkaSettings:
-        values: dict[str, object] = {
-            "bootstrap": self.cluster.bootstrap, "security_protocol": "SASL_SSL",
-            "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": USER,
-            "sasl_password_file": self.password_file, "ssl_cafile": self.ca_file,
-            "replication_factor": 3, "min_insync_replicas": 2, "compression": "zstd",
-            "topic_prefix": f"t{time.monotonic_ns()}.",
-        }
+        values: dict[str, object] = {"compression": "zstd", "topic_prefix": f"t{time.monotonic_ns()}."}
         values.update(changes)
-        return KafkaSettings.model_validate(values)
+        return self.secure.settings(USER, **values)
+
+    def password(self) -> str:
+        return self.secure.password_files[USER].read_text().strip()
 
 
 @pytest.fixture(scope="module")
 def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
-    home = tmp_path_factory.mktemp("kafka-cluster")
-    authority = CertificateAuthority(home / "tls")
-    server = authority.issue("kafka-broker")
-    listeners = [ClientListener(free_port(), server.bundle, authority.certificate, ((USER, PASSWORD),))
-                 for _ in range(3)]
-    cluster = LocalKafkaCluster.on_ports(home, "127.0.0.1", [free_port() for _ in range(3)],
-                                         [free_port() for _ in range(3)], "384m", listeners)
-    password_file = home / "kafka-password"
-    password_file.write_text(PASSWORD + "\n")
-    cluster.start()
-    try:
-        secure = SecureCluster(cluster, authority.certificate, password_file)
-        kafka.wait_for_broker(secure.settings(), timeout=120)
-        yield secure
-    finally:
-        cluster.stop()
+    with secure_kafka(tmp_path_factory.mktemp("kafka-cluster"), [USER], nodes=3) as secure:
+        yield SecureCluster(secure)
 
 
 def test_topics_are_created_with_the_configured_replication_and_min_isr(
@@ -135,7 +116,7 @@ def test_a_wrong_password_fails_at_once_with_one_line_that_never_shows_a_passwor
     assert time.monotonic() - started < 60
     message = str(raised.value)
     assert "\n" not in message and USER in message
-    assert "not-the-password" not in message and PASSWORD not in message
+    assert "not-the-password" not in message and secure_cluster.password() not in message
 
 
 def free_port_run(length: int) -> int:

@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_quiet_client_libraries)
+    settings: Settings | None = None
     try:
         settings = load_settings(args.config)
         return _command(args.command)(settings, args)
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # the one place that turns failures into exit codes
         if os.environ.get("GPUMETER_DEBUG"):
             raise
-        return _fail(1, exc)
+        return _fail(1, _refused(exc, settings) or exc)
 
 
 # kafka-python logs every refused connection while a broker starts, and the HTTP stack under
@@ -118,7 +119,17 @@ def _quiet_client_libraries(record: logging.LogRecord) -> bool:
     return record.levelno >= logging.CRITICAL or not record.name.startswith(_CHATTY)
 
 
-def _fail(code: int, exc: BaseException) -> int:
+def _refused(exc: Exception, settings: Settings | None) -> str | None:
+    """An operation Kafka's ACLs refused, said as who was refused what (None: not that)."""
+    errors = sys.modules.get("kafka.errors")  # loaded by whichever command reached Kafka
+    if settings is None or errors is None or not isinstance(exc, errors.AuthorizationError):
+        return None
+    from gpumeter.infra.kafka import refusal
+
+    return refusal(settings.kafka, exc)
+
+
+def _fail(code: int, exc: BaseException | str) -> int:
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     print(f"gpumeter: error: {message}", file=sys.stderr)
     return code

@@ -23,6 +23,7 @@ from gpumeter.app.cli.arguments import Parser
 from gpumeter.app.cli.errors import Failure, UsageError
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import load_tenants
+from gpumeter.core.topics import ledger_changelog_topic
 from gpumeter.core.validation import TENANT_PATTERN
 from quota.accounting import format_value
 from streams.quota import (
@@ -30,7 +31,6 @@ from streams.quota import (
     LedgerState,
     TenantStatus,
     decode_state,
-    ledger_changelog_topic,
     tenant_status,
 )
 
@@ -56,7 +56,8 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
     if args.tenant is not None and not re.match(TENANT_PATTERN, args.tenant):
         raise UsageError(f"--tenant: not a tenant name: {args.tenant!r}")
     policies = load_tenants(settings.tenants)
-    states = _read_states(settings, ledger_changelog_topic(settings.kafka, settings.worker.group))
+    changelog = ledger_changelog_topic(settings.kafka.topic_prefix, settings.worker.group)
+    states = _read_states(settings, changelog)
     names = sorted({policy.tenant for policy in policies.tenants} | set(states))
     if args.tenant is not None:
         if args.tenant not in names:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import re
 import shutil
 import socket
@@ -75,6 +76,10 @@ class ClientListener:
     ca_file: Path  # PEM: the CA clients verify the server with
     users: tuple[tuple[str, str], ...]  # (name, password) SCRAM-SHA-512 credentials, set at format
     mechanism: str = "SCRAM-SHA-512"
+    # Kafka ACLs enforced (StandardAuthorizer): a principal without ACLs reaches nothing, the
+    # ``super_users`` (user names of ``users``) everything, e.g. an administrator granting ACLs.
+    authorize: bool = False
+    super_users: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,6 +149,25 @@ class LocalBroker:
             f"listener.name.client.ssl.keystore.location={client.certificate_file}",
             "listener.name.client.ssl.truststore.type=PEM",
             f"listener.name.client.ssl.truststore.location={client.ca_file}",
+            *self._authorizer(client),
+        ]
+
+    def _authorizer(self, client: ClientListener) -> list[str]:
+        if not client.authorize:
+            return []
+        # The nodes reach each other over INTERNAL and CONTROLLER, plaintext and so
+        # unauthenticated: their principal is User:ANONYMOUS, which must be a super user for
+        # replication and the metadata quorum to be allowed. (KRaft keeps SCRAM credentials in
+        # the metadata log, so the controller listener cannot use SCRAM itself.) That is safe
+        # only because both listeners bind to loopback and clients are only ever given CLIENT
+        # (``bootstrap``); a node on any other address is refused here.
+        if not _loopback(self.host):
+            raise RuntimeSetupError(f"Kafka ACLs with an unauthenticated internal listener need a loopback "
+                                    f"host, not {self.host}")
+        principals = ["User:ANONYMOUS", *(f"User:{name}" for name in client.super_users)]
+        return [
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            f"super.users={';'.join(principals)}",
         ]
 
     def _write_properties(self) -> Path:
@@ -217,6 +241,15 @@ class LocalBroker:
 
     def failure_detail(self) -> str:
         return f"see {self.log_file}:\n{log_tail(self.log_file)}"
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def new_cluster_id() -> str:
