@@ -27,7 +27,7 @@ from scheduler_hooks.actuator.kube_gateway import (
     withdraw_patch,
 )
 from scheduler_hooks.actuator.offsets import OffsetTracker
-from scheduler_hooks.actuator.plan import blocked_after, plan_preemption, superseded
+from scheduler_hooks.actuator.plan import Recoveries, blocked_after, plan_preemption
 from scheduler_hooks.actuator.reclaim import excludes_spot, node_allows, plan_spot_reclaim
 from scheduler_hooks.actuator.records import pod_record, queue_record, record_id
 from scheduler_hooks.actuator.tenants_source import TenantsSource
@@ -153,8 +153,9 @@ def event(
     )
 
 
-def policy(on_exceed: str = "preempt", grace: int = 30, tenant: str = TENANT) -> TenantPolicy:
-    return TenantPolicy(tenant=tenant, on_exceed=on_exceed, grace_seconds=grace)
+def policy(on_exceed: str = "preempt", grace: int = 30, tenant: str = TENANT, **limits: str) -> TenantPolicy:
+    return TenantPolicy.model_validate({"tenant": tenant, "on_exceed": on_exceed, "grace_seconds": grace,
+                                        **limits})
 
 
 def names(pods: Any) -> list[str]:
@@ -402,10 +403,29 @@ MAX_GPUS_CASES = [
 def test_max_gpus_evicts_until_within_limit(
     pods: list[PodView], limit: str, victims: list[str], protected: list[str]
 ) -> None:
-    plan = plan_preemption(event("max_gpus", limit=limit), policy(), pods, NOW)
+    plan = plan_preemption(event("max_gpus", limit=limit), policy(max_gpus=limit), pods, NOW)
     assert plan is not None
     assert names(v.pod for v in plan.victims) == victims
     assert names(plan.protected) == protected
+
+
+@pytest.mark.parametrize(
+    ("claimed", "victims"),
+    [
+        # held 2+2+1 = 5, the policy's limit 4: the lowest-priority 1-GPU pod alone is enough.
+        pytest.param("0", ["c"], id="event-claims-a-lower-limit"),
+        pytest.param("100", ["c"], id="event-claims-a-higher-limit"),
+    ],
+)
+def test_max_gpus_counts_against_the_policys_limit_not_the_events(claimed: str, victims: list[str]) -> None:
+    pods = [pod("a", 2, priority=5), pod("b", 2, priority=3), pod("c", 1, priority=1)]
+    plan = plan_preemption(event("max_gpus", limit=claimed), policy(max_gpus="4"), pods, NOW)
+    assert plan is not None
+    assert names(v.pod for v in plan.victims) == victims
+
+
+def test_max_gpus_without_a_limit_in_the_file_evicts_nobody() -> None:
+    assert plan_preemption(event("max_gpus", limit="0"), policy(), [pod("a", 2)], NOW) is None
 
 
 def test_a_replay_resumes_its_own_notices_with_the_original_deadline() -> None:
@@ -417,7 +437,7 @@ def test_a_replay_resumes_its_own_notices_with_the_original_deadline() -> None:
     ]
     # held 6, limit 2: the first run chose a and b (a noticed, then a crash before b?): a resumes,
     # held without it is 4 > 2, so b (lower priority than c) is chosen fresh.
-    plan = plan_preemption(event("max_gpus", limit="2"), policy(grace=60), pods, NOW)
+    plan = plan_preemption(event("max_gpus", limit="2"), policy(grace=60, max_gpus="2"), pods, NOW)
     assert plan is not None
     assert [(v.pod.name, v.resumed, v.notice.deadline) for v in plan.victims] == [
         ("a", True, original),
@@ -435,38 +455,75 @@ def test_a_replay_after_all_noticed_adds_nobody() -> None:
 # -- events in a backlog, blocked state ---------------------------------------------------------
 
 
-def test_superseded_exceeded_events() -> None:
-    events = [
-        event("gpu_hours", "exceeded", event_id="g-ex"),
-        event("max_gpus", "exceeded", event_id="m-ex"),
-        event("gpu_hours", "recovered", event_id="g-rec"),
-        event("spend", "exceeded", event_id="s-ex"),
-        event("gpu_hours", "exceeded", event_id="g-ex-2"),  # after the recovery: stands
-        event("max_gpus", "exceeded", tenant="team-b", event_id="b-ex"),
-        event("max_gpus", "recovered", tenant="team-b", event_id="b-rec"),
-    ]
-    assert superseded(events) == {"g-ex", "b-ex"}
+def test_a_recovered_cancels_its_exceeded_however_far_apart() -> None:
+    recoveries = Recoveries()
+    exceeded = event("gpu_hours", "exceeded", event_id="g-ex")
+    other_metric = event("max_gpus", "exceeded", event_id="m-ex")
+    other_tenant = event("gpu_hours", "exceeded", tenant="team-b", event_id="b-ex")
+    last_month = event("gpu_hours", "exceeded", event_id="old-ex").model_copy(update={"period": "2026-10"})
+    stream = [(exceeded, 0), (other_metric, 1), (other_tenant, 2), (last_month, 3)]
+    # Far more unrelated events than one fetch (service.BATCH) between the crossing and its recovery.
+    stream += [(event("spend", "warning", tenant=f"t-{i}", event_id=f"w-{i}"), 4 + i) for i in range(5000)]
+    recovered = event("gpu_hours", "recovered", event_id="g-rec")
+    stream.append((recovered, 6000))
+    again = event("gpu_hours", "exceeded", event_id="g-ex-2")  # after the recovery: stands
+    stream.append((again, 6001))
+    for item, offset in stream:
+        recoveries.observe(item, (0, offset))
+    assert recoveries.read_to(0) == 6001 and recoveries.read_to(1) == -1
+    assert recoveries.cancelled(exceeded, (0, 0))
+    assert not recoveries.cancelled(again, (0, 6001))
+    assert not recoveries.cancelled(other_metric, (0, 1))
+    assert not recoveries.cancelled(other_tenant, (0, 2))
+    assert not recoveries.cancelled(last_month, (0, 3))  # another period: not its recovery
+    assert not recoveries.cancelled(exceeded, (1, 0))  # another partition: no order to compare
+    assert not recoveries.cancelled(recovered, (0, 6000))
 
+
+def test_recoveries_keep_the_latest_recovered_whatever_order_they_are_read_in() -> None:
+    recoveries = Recoveries()
+    exceeded = event("spend", "exceeded")
+    # The read-ahead saw the recovery first; the consumer then reads the earlier events again.
+    recoveries.observe(event("spend", "recovered", event_id="r"), (0, 900))
+    recoveries.observe(exceeded, (0, 10))
+    recoveries.observe(event("spend", "recovered", event_id="r-old"), (0, 5))
+    assert recoveries.cancelled(exceeded, (0, 10))
+    assert recoveries.read_to(0) == 900
+
+
+SPEND = {"spend": "100"}
 
 BLOCKED_CASES = [
-    pytest.param({}, event("spend"), policy("block"), {TENANT: {"spend"}}, id="block-blocks"),
-    pytest.param({}, event("spend"), policy("preempt"), {TENANT: {"spend"}}, id="preempt-blocks"),
-    pytest.param({}, event("spend"), policy("notify"), {}, id="notify-does-not"),
-    pytest.param({}, event("spend", "warning"), policy("block"), {}, id="warning-does-not"),
+    pytest.param({}, event("spend"), policy("block", **SPEND), {TENANT: {"spend"}}, id="block-blocks"),
+    pytest.param({}, event("spend"), policy("preempt", **SPEND), {TENANT: {"spend"}}, id="preempt-blocks"),
+    pytest.param({}, event("spend"), policy("notify", **SPEND), {}, id="notify-does-not"),
+    pytest.param({}, event("spend", "warning"), policy("block", **SPEND), {}, id="warning-does-not"),
     pytest.param(
         {TENANT: {"spend", "max_gpus"}},
-        event("spend", "recovered"),
-        policy("block"),
+        event("spend", "recovered", used="90"),
+        policy("block", **SPEND),
         {TENANT: {"max_gpus"}},
         id="recovered-one-of-two",
     ),
-    pytest.param({TENANT: {"spend"}}, event("spend", "recovered"), policy("block"), {}, id="recovered-last"),
+    pytest.param({TENANT: {"spend"}}, event("spend", "recovered", used="90"), policy("block", **SPEND), {},
+                 id="recovered-last"),
     pytest.param(
         {"team-b": {"gpu_hours"}},
         event("spend"),
-        policy("block"),
+        policy("block", **SPEND),
         {"team-b": {"gpu_hours"}, TENANT: {"spend"}},
         id="others-kept",
+    ),
+    pytest.param({}, event("spend", limit="50"), policy("block", **SPEND), {}, id="forged-exceeded-limit"),
+    pytest.param({}, event("spend"), policy("block"), {}, id="exceeded-of-a-metric-without-limit"),
+    pytest.param({}, event("spend"), None, {}, id="exceeded-of-a-tenant-not-in-file"),
+    pytest.param(
+        {TENANT: {"spend"}}, event("spend", "recovered", limit="500", used="90"), policy("block", **SPEND),
+        {TENANT: {"spend"}}, id="forged-recovered-limit",
+    ),
+    pytest.param(
+        {TENANT: {"spend"}}, event("spend", "recovered", used="120"), policy("block", **SPEND),
+        {TENANT: {"spend"}}, id="recovered-still-over",
     ),
 ]
 
@@ -475,11 +532,11 @@ BLOCKED_CASES = [
 def test_blocked_after(
     before: dict[str, set[str]],
     quota_event: QuotaEvent,
-    tenant_policy: TenantPolicy,
+    tenant_policy: TenantPolicy | None,
     after: dict[str, set[str]],
 ) -> None:
     start = {tenant: frozenset(metrics) for tenant, metrics in before.items()}
-    result = blocked_after(start, quota_event, tenant_policy)
+    result = blocked_after(start, quota_event, tenant_policy, NOW)
     assert {tenant: set(metrics) for tenant, metrics in result.items()} == after
 
 
