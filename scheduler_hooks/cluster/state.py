@@ -14,6 +14,17 @@ What is kept (contract 4, 6 and 8):
   sets that metric's limit (a removed limit blocks nothing, as in ``quota.accounting``).
   Event ids are deterministic, so an event seen before (a replay) is ignored: a republished
   old ``exceeded`` cannot undo a later ``recovered``.
+- trust (contract 4, amendment "trust"): neither kind of event is taken on its word. The open
+  ``exceeded`` of a scope and the latest ``recovered`` after it are both kept, and whether the
+  tenant is blocked is decided from them against the tenants file the hooks hold
+  (``quota.trust.distrust``): an ``exceeded`` whose limit is not the policy's or whose period
+  is not the current one blocks nothing, and a ``recovered`` the file disagrees with (another
+  limit, a period not begun, its own ``used`` still at the limit) unblocks nothing. Both are
+  decided again whenever the fold changes or the tenants file is reloaded, so a ``recovered``
+  that a raised limit caused unblocks as soon as the hooks read the raised limit too. The
+  usage itself is not known here, so a forged ``recovered`` with the policy's limit, a current
+  period and a plausible ``used`` still unblocks; the actuator decides evictions with the same
+  rule, and the quota worker's next crossing (a new id) blocks again.
 - ``max_gpus`` limits from the tenants file, for tenants whose ``on_exceed`` is ``block`` or
   ``preempt`` only: ``notify`` means the quota is reported, never enforced. GPUs held = Σ the
   GPU requests of the tenant's pods bound to a node and not finished (what the scheduler
@@ -36,7 +47,7 @@ becoming ready the placement fit tables of the common GPU counts are built (``wa
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -46,6 +57,8 @@ from gpumeter.core import kube
 from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantsFile
+from quota.periods import period_end
+from quota.trust import distrust
 from scheduler_hooks.cluster.kube_json import WireError, gpu_count, pod_gpus
 from scheduler_hooks.cluster.kube_objects import is_protected
 from scheduler_hooks.cluster.placement import (
@@ -161,6 +174,13 @@ def watched_node(obj: Mapping[str, Any]) -> WatchedNode | None:
     return WatchedNode(name, kube.capacity_type_of_node(_labels(meta.get("labels"))), gpus)
 
 
+def _period_over(key: str, now: datetime) -> bool:
+    try:
+        return period_end(key) <= now
+    except ValueError:
+        return True  # not a period: never trusted, nothing to keep
+
+
 def namespace_tenant(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """(namespace, its tenant by ``gpumeter.core.kube.tenant_of_namespace``); None without a name."""
     meta = _mapping(obj.get("metadata"))
@@ -217,7 +237,9 @@ class ClusterView:
 class HooksState:
     """Quota, tenants, pods and placement as the policy reads them (module docstring)."""
 
-    def __init__(self, tenants: TenantsFile | None = None) -> None:
+    def __init__(self, tenants: TenantsFile | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.clock = clock  # "now" for the trust check's current period
         self.placement = PlacementIndex()
         self.blocked: dict[str, str] = {}
         self.max_gpus: dict[str, Decimal] = {}
@@ -234,6 +256,7 @@ class HooksState:
         )
         self._tenants = TenantsFile()
         self._exceeded: dict[str, dict[tuple[str, str], QuotaEvent]] = {}
+        self._recovered: dict[str, dict[tuple[str, str], QuotaEvent]] = {}  # the latest after each exceeded
         self._seen_events: set[str] = set()
         self._watched: dict[str, WatchedPod] = {}
         self._by_namespace: dict[str, set[str]] = {}
@@ -282,7 +305,7 @@ class HooksState:
             if policy.max_gpus is not None:
                 self.max_gpus[policy.tenant] = policy.max_gpus
         for tenant in list(self._exceeded) + list(self.blocked):
-            self._refresh_blocked(tenant)
+            self._refresh_blocked(tenant)  # the trust check too: limits may have changed
 
     def apply_quota_event(self, event: QuotaEvent) -> bool:
         """Fold one event; False when it was seen before (replays) or changes nothing."""
@@ -292,29 +315,47 @@ class HooksState:
         self.quota_events += 1
         if event.level == "warning":
             return False
-        scope = HELD_SCOPE if event.metric == "max_gpus" else event.period
-        open_crossings = self._exceeded.setdefault(event.tenant, {})
+        key = (event.metric, HELD_SCOPE if event.metric == "max_gpus" else event.period)
+        opened = self._exceeded.get(event.tenant, {})
+        recovered = self._recovered.setdefault(event.tenant, {})
         if event.level == "exceeded":
-            open_crossings[(event.metric, scope)] = event
-        else:
-            open_crossings.pop((event.metric, scope), None)
-        if not open_crossings:
-            del self._exceeded[event.tenant]
+            self._exceeded.setdefault(event.tenant, {})[key] = event
+            recovered.pop(key, None)
+        elif key in opened:
+            recovered[key] = event  # it cancels the exceeded only if the tenants file agrees
+        self._forget_past(event.tenant)
         self._refresh_blocked(event.tenant)
         return True
 
+    def _forget_past(self, tenant: str) -> None:
+        """Drop crossings of periods that are over: they block nothing again (the trust check
+        wants the current period), so the fold keeps only what can still matter."""
+        now = self.clock()
+        opened, recovered = self._exceeded.get(tenant, {}), self._recovered.get(tenant, {})
+        for key in [k for k, e in opened.items() if _period_over(e.period, now)]:
+            del opened[key]
+            recovered.pop(key, None)
+        for table in (self._exceeded, self._recovered):
+            if not table.get(tenant, True):
+                del table[tenant]
+
     def exceeded(self, tenant: str) -> list[QuotaEvent]:
-        """The tenant's open ``exceeded`` events (whatever its on_exceed), metric order."""
-        events = self._exceeded.get(tenant, {}).values()
+        """The tenant's ``exceeded`` events that no trusted ``recovered`` cancelled (whatever
+        its on_exceed), metric order."""
+        policy, now = self._tenants.policy(tenant), self.clock()
+        recovered = self._recovered.get(tenant, {})
+        events = [event for key, event in self._exceeded.get(tenant, {}).items()
+                  if key not in recovered or distrust(recovered[key], policy, now) is not None]
         return sorted(events, key=lambda e: (METRIC_ORDER.index(e.metric), e.period))
 
     def _refresh_blocked(self, tenant: str) -> None:
         policy = self._tenants.policy(tenant)
         metric = None
         if policy is not None and policy.on_exceed in BLOCKING:
-            limits = {"gpu_hours": policy.gpu_hours, "spend": policy.spend, "max_gpus": policy.max_gpus}
-            open_metrics = {m for m, _ in self._exceeded.get(tenant, {})}
-            metric = next((m for m in METRIC_ORDER if m in open_metrics and limits[m] is not None), None)
+            now = self.clock()
+            # distrust also refuses an exceeded of a metric whose limit the file removed.
+            open_metrics = {e.metric for e in self.exceeded(tenant) if distrust(e, policy, now) is None}
+            metric = next((m for m in METRIC_ORDER if m in open_metrics), None)
         if metric is None:
             self.blocked.pop(tenant, None)
         else:

@@ -26,15 +26,16 @@ from tests.unit.scheduler_hooks.builders import allocation, h100, l40s, time_sli
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 
 
-def quota(tenant: str, metric: str, level: str, period: str = "2026-11", tag: str = "") -> QuotaEvent:
+def quota(tenant: str, metric: str, level: str, period: str = "2026-11", tag: str = "", limit: str = "1",
+          used: str | None = None) -> QuotaEvent:
     return QuotaEvent(
         event_id=f"{tenant}|{metric}|{level}|{period}|{tag}",
         tenant=tenant,
         metric=metric,
         level=level,
         threshold="1",
-        used="1",
-        limit="1",
+        used=used if used is not None else ("0.5" if level == "recovered" else "1"),
+        limit=limit,
         period=period,
         at=AT,
     )
@@ -43,7 +44,7 @@ def quota(tenant: str, metric: str, level: str, period: str = "2026-11", tag: st
 TENANTS = TenantsFile(
     tenants=[
         TenantPolicy(
-            tenant="blocker", gpu_hours=Decimal(1), spend=Decimal(1), max_gpus=Decimal(8), on_exceed="block"
+            tenant="blocker", gpu_hours=Decimal(1), spend=Decimal(1), max_gpus=Decimal(1), on_exceed="block"
         ),
         TenantPolicy(tenant="preempter", gpu_hours=Decimal(1), on_exceed="preempt"),
         TenantPolicy(tenant="notifier", gpu_hours=Decimal(1), max_gpus=Decimal(2), on_exceed="notify"),
@@ -77,8 +78,8 @@ FOLD_CASES: dict[str, tuple[list[QuotaEvent], dict[str, str]]] = {
     ),
     "max_gpus has one scope across periods": (
         [
-            quota("blocker", "max_gpus", "exceeded", "2026-10"),
-            quota("blocker", "max_gpus", "recovered", "2026-11"),
+            quota("blocker", "max_gpus", "exceeded", "2026-11", tag="nov"),
+            quota("blocker", "max_gpus", "recovered", "2026-11-01"),
         ],
         {},
     ),
@@ -95,28 +96,69 @@ FOLD_CASES: dict[str, tuple[list[QuotaEvent], dict[str, str]]] = {
         ],
         {"blocker": "spend"},
     ),
+    # Contract 4, amendment "trust": the tenants file decides, not the event.
+    "an exceeded with a limit not the policy's does not block": (
+        [quota("blocker", "gpu_hours", "exceeded", limit="0.5")],
+        {},
+    ),
+    "an exceeded of max_gpus with a limit not the policy's does not block": (
+        [quota("blocker", "max_gpus", "exceeded", limit="0")],
+        {},
+    ),
+    "an exceeded of a past period does not block": ([quota("blocker", "gpu_hours", "exceeded", "2026-10")], {}),
+    "a recovered with a limit not the policy's does not unblock": (
+        [quota("blocker", "gpu_hours", "exceeded"), quota("blocker", "gpu_hours", "recovered", limit="100")],
+        {"blocker": "gpu_hours"},
+    ),
+    "a recovered whose own usage is still at the limit does not unblock": (
+        [quota("blocker", "gpu_hours", "exceeded"), quota("blocker", "gpu_hours", "recovered", used="1")],
+        {"blocker": "gpu_hours"},
+    ),
+    "a recovered of a period not begun does not unblock max_gpus": (
+        [quota("blocker", "max_gpus", "exceeded"), quota("blocker", "max_gpus", "recovered", "2026-12")],
+        {"blocker": "max_gpus"},
+    ),
+    "a later trusted recovered unblocks after an untrusted one": (
+        [
+            quota("blocker", "spend", "exceeded"),
+            quota("blocker", "spend", "recovered", limit="100", tag="forged"),
+            quota("blocker", "spend", "recovered", tag="real"),
+        ],
+        {},
+    ),
 }
 
 
 @pytest.mark.parametrize(("events", "blocked"), FOLD_CASES.values(), ids=FOLD_CASES.keys())
 def test_quota_fold(events: list[QuotaEvent], blocked: dict[str, str]) -> None:
-    state = HooksState(TENANTS)
+    state = HooksState(TENANTS, clock=lambda: AT)
     for item in events:
         state.apply_quota_event(item)
     assert state.blocked == blocked
 
 
 def test_reloaded_tenants_file_reevaluates_blocking_and_max_gpus() -> None:
-    state = HooksState(TENANTS)
+    state = HooksState(TENANTS, clock=lambda: AT)
     state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
     # Contract 6: max_gpus refuses new pods whatever on_exceed says (notify included).
-    assert state.max_gpus == {"blocker": Decimal(8), "notifier": Decimal(2)}
+    assert state.max_gpus == {"blocker": Decimal(1), "notifier": Decimal(2)}
     state.set_tenants(
         TenantsFile(tenants=[TenantPolicy(tenant="blocker", gpu_hours=Decimal(1), on_exceed="notify")])
     )
     assert (state.blocked, state.max_gpus) == ({}, {})
     state.set_tenants(TENANTS)
     assert state.blocked == {"blocker": "gpu_hours"}
+
+
+def test_a_recovered_from_a_raised_limit_unblocks_once_the_hooks_read_the_raised_limit() -> None:
+    state = HooksState(TENANTS, clock=lambda: AT)
+    state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
+    # The quota worker read the raised limit (2) first: its recovered carries it.
+    state.apply_quota_event(quota("blocker", "gpu_hours", "recovered", limit="2", used="1"))
+    assert state.blocked == {"blocker": "gpu_hours"}  # the hooks' file still says 1
+    raised = TenantPolicy(tenant="blocker", gpu_hours=Decimal(2), on_exceed="block")
+    state.set_tenants(TenantsFile(tenants=[raised]))
+    assert state.blocked == {}
 
 
 def pod(uid: str, namespace: str = "ns-a", node: str = "", gpus: int = 1, **extra: Any) -> WatchedPod:
