@@ -102,7 +102,7 @@ from scheduler_hooks.actuator.refreshing_cache import RefreshingCache
 from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.actuator.volcano_queues import QueueChange, VolcanoQueues
 from scheduler_hooks.cluster.feeds import kube_api_client
-from scheduler_hooks.cluster.kube_objects import PodView, namespace_tenants, node_view, pod_view
+from scheduler_hooks.cluster.kube_objects import PodView, namespace_labels, node_view, pod_view, tenants_of
 
 log = logging.getLogger("gpumeter.actuator")
 T = TypeVar("T")
@@ -157,8 +157,8 @@ class Actuator:
             ["reason"], registry=registry if registry is not None else CollectorRegistry())
         self._node_labels = RefreshingCache(self._read_node_labels, NODE_CACHE_SECONDS, self._spawn,
                                             what="the nodes' labels")
-        self._namespace_tenants = RefreshingCache(self._read_namespace_tenants, NAMESPACE_CACHE_SECONDS,
-                                                  self._spawn, what="the namespaces' tenants")
+        self._namespace_labels = RefreshingCache(self._read_namespace_labels, NAMESPACE_CACHE_SECONDS,
+                                                 self._spawn, what="the namespaces' labels")
         self._tenant_slots = asyncio.Semaphore(TENANT_CONCURRENCY)
         self._chains: dict[str, asyncio.Task[None]] = {}  # tenant -> its latest event's task
         # Below the client's connection pool (10 by default), so no connection is thrown away.
@@ -443,13 +443,13 @@ class Actuator:
             self._resumed = True
             return
         try:
-            tenants = await self._namespace_map(refresh=True)
+            namespaces = await self._namespace_map(refresh=True)
             listed = await self._io(self.kube.pods)
         except Exception as exc:  # API server away: tried again at the next idle poll
             log.warning("cannot list pods to resume earlier notices yet: %s", str(exc).strip()[:300])
             return
         self._resumed = True
-        count = self.evictions.resume(self._view(raw, tenants) for raw in listed)
+        count = self.evictions.resume(self._view(raw, namespaces) for raw in listed)
         if count:
             log.info("resumed %d eviction(s) noticed before this start", count)
 
@@ -457,34 +457,37 @@ class Actuator:
     async def _read_node_labels(self) -> dict[str, dict[str, str]]:
         return {n.name: dict(n.labels) for n in map(node_view, await self._io(self.kube.nodes))}
 
-    async def _read_namespace_tenants(self) -> dict[str, str]:
-        return namespace_tenants(await self._io(self.kube.namespaces))
+    async def _read_namespace_labels(self) -> dict[str, dict[str, str]]:
+        return namespace_labels(await self._io(self.kube.namespaces))
 
     async def _labels_of_nodes(self) -> dict[str, dict[str, str]]:
         """Node -> labels, NODE_CACHE_SECONDS old or a little more (read again in the background)."""
         return await self._node_labels.get()
 
-    async def _namespace_map(self, refresh: bool = False) -> dict[str, str]:
-        """Namespace -> tenant, NAMESPACE_CACHE_SECONDS old or a little more (read again in the
-        background), or read now if ``refresh``."""
-        return await self._namespace_tenants.get(fresh=refresh)
+    async def _namespace_map(self, refresh: bool = False) -> dict[str, dict[str, str]]:
+        """Namespace -> its labels (its tenant, whether protection counts there),
+        NAMESPACE_CACHE_SECONDS old or a little more (read again in the background), or read
+        now if ``refresh``."""
+        return await self._namespace_labels.get(fresh=refresh)
 
-    async def _namespaces_of(self, tenant: str) -> list[str]:
-        """The tenant's namespaces; the map is read again at once when it shows none (a
-        namespace made or labelled since the last read)."""
+    async def _namespaces_of(self, tenant: str) -> dict[str, dict[str, str]]:
+        """The tenant's namespaces and their labels; the map is read again at once when it
+        shows none (a namespace made or labelled since the last read)."""
         for refresh in (False, True):
-            owners = await self._namespace_map(refresh)
-            names = sorted(ns for ns, owner in owners.items() if owner == tenant)
-            if names:
+            namespaces = await self._namespace_map(refresh)
+            owners = tenants_of(namespaces)
+            found = {ns: namespaces[ns] for ns in sorted(owners) if owners[ns] == tenant}
+            if found:
                 break
-        return names
+        return found
 
     async def _tenant_pods(self, tenant: str) -> list[PodView]:
         namespaces = await self._namespaces_of(tenant)
         listed = await asyncio.gather(*(self._io(self.kube.pods, ns) for ns in namespaces))
         labels = await self._labels_of_nodes()
-        return [pod_view(raw, tenant, labels.get(str((raw.get("spec") or {}).get("nodeName") or "")))
-                for pods in listed for raw in pods]
+        return [pod_view(raw, tenant, labels.get(str((raw.get("spec") or {}).get("nodeName") or "")),
+                         ns_labels)
+                for ns_labels, pods in zip(namespaces.values(), listed, strict=True) for raw in pods]
 
     # -- periodic work ------------------------------------------------------------------------
     async def _sync_queues(self) -> None:
@@ -499,14 +502,14 @@ class Actuator:
     async def _reclaim(self) -> None:
         # The cheap question first: is any pod waiting that spot reclaim could serve? Only then
         # read every node and pod (the pass runs every few seconds on clusters of any size).
-        tenants = await self._namespace_map(refresh=True)
-        waiting = [self._view(raw, tenants) for raw in await self._io(self.kube.unscheduled_pods)]
+        namespaces = await self._namespace_map(refresh=True)
+        waiting = [self._view(raw, namespaces) for raw in await self._io(self.kube.unscheduled_pods)]
         if not any(qualifies(p, self.blocked) for p in waiting):
             return
         nodes, pods = await asyncio.gather(self._io(self.kube.nodes), self._io(self.kube.pods))
         node_views = [node_view(n) for n in nodes]
         labels = {n.name: dict(n.labels) for n in node_views}
-        views = [self._view(raw, tenants, labels) for raw in pods]
+        views = [self._view(raw, namespaces, labels) for raw in pods]
         plans = plan_spot_reclaim(node_views, views, set(self.blocked))
         for plan in plans:
             log.info("spot reclaim for %s on %s: %s", plan.pending.key, plan.node,
@@ -514,9 +517,11 @@ class Actuator:
             await self.evictions.carry_out(reclaim_victims(plan, self.tenants.current(), _now()), "")
 
     @staticmethod
-    def _view(raw: dict[str, Any], tenants: dict[str, str],
+    def _view(raw: dict[str, Any], namespaces: dict[str, dict[str, str]],
               node_labels: dict[str, dict[str, str]] | None = None) -> PodView:
         namespace = str((raw.get("metadata") or {}).get("namespace", ""))
         node = str((raw.get("spec") or {}).get("nodeName") or "")
-        tenant = tenants.get(namespace) or tenant_of_namespace(namespace)  # a namespace listed since
-        return pod_view(raw, tenant, (node_labels or {}).get(node))
+        # A namespace made since the list: its name is its tenant, and protection does not count.
+        labels = namespaces.get(namespace)
+        tenant = tenant_of_namespace(namespace, labels)
+        return pod_view(raw, tenant, (node_labels or {}).get(node), labels)

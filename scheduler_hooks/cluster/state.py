@@ -32,7 +32,10 @@ What is kept (contract 4, 6 and 8):
 - namespaces -> tenant, pods' capacity type (the node's, else the pod's declared one) and GPU
   requests by the rules of ``gpumeter.core.kube``, the agent's.
 - pods: GPUs, node, priority, capacity type, the
-  protected annotation and start time; what preemption and victim order need.
+  protected annotation and start time; what preemption and victim order need. The annotation
+  protects a pod only in a namespace labelled ``gpumeter.io/protection-allowed: "true"``
+  (``kube_objects.is_protected``): the namespace watch keeps the set of those namespaces, and
+  a label added or removed there re-reads its pods.
 - placement: topology and allocation records in a ``PlacementIndex``. The allocation the index
   sees is the agent's last record, minus pods watched gone since, plus pods bound to the node
   that the record does not list yet, on the GPUs the device plugin would give them (the best
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -60,7 +64,7 @@ from gpumeter.core.tenants import TenantsFile
 from quota.periods import period_end
 from quota.trust import distrust
 from scheduler_hooks.cluster.kube_json import WireError, gpu_count, pod_gpus
-from scheduler_hooks.cluster.kube_objects import is_protected
+from scheduler_hooks.cluster.kube_objects import asks_protection, protection_allowed
 from scheduler_hooks.cluster.placement import (
     NodeGpus,
     PlacementIndex,
@@ -97,7 +101,7 @@ class WatchedPod:
     node: str  # "" until bound
     gpus: int
     priority: int = 0
-    protected: bool = False
+    asks_protection: bool = False  # annotated protected; counts only where its namespace allows
     capacity_hint: str | None = None  # the pod's own gpumeter.io/capacity-type (loses to the node)
     started_at: datetime | None = None
     terminal: bool = False
@@ -152,7 +156,7 @@ def watched_pod(obj: Mapping[str, Any]) -> WatchedPod | None:
         node=node if isinstance(node, str) else "",
         gpus=gpus,
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-        protected=is_protected(annotations),
+        asks_protection=asks_protection(annotations),
         capacity_hint=kube.declared_capacity_type(meta),
         started_at=_time(status.get("startTime")),
         terminal=status.get("phase") in TERMINAL_PHASES,
@@ -181,13 +185,22 @@ def _period_over(key: str, now: datetime) -> bool:
         return True  # not a period: never trusted, nothing to keep
 
 
-def namespace_tenant(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(namespace, its tenant by ``gpumeter.core.kube.tenant_of_namespace``); None without a name."""
+@dataclass(frozen=True, slots=True)
+class WatchedNamespace:
+    name: str
+    tenant: str
+    protection_allowed: bool = False
+
+
+def watched_namespace(obj: Mapping[str, Any]) -> WatchedNamespace | None:
+    """A namespace as kept: its tenant by ``gpumeter.core.kube.tenant_of_namespace`` and whether
+    protection counts there; None without a name."""
     meta = _mapping(obj.get("metadata"))
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         return None
-    return name, kube.tenant_of_namespace(name, _labels(meta.get("labels")))
+    labels = _labels(meta.get("labels"))
+    return WatchedNamespace(name, kube.tenant_of_namespace(name, labels), protection_allowed(labels))
 
 
 # -- the state ---------------------------------------------------------------------------------
@@ -220,11 +233,17 @@ class ClusterView:
     gpus_held: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> GPUs held now
     namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # from the namespace label
     pods: Mapping[str, KnownPod] = field(default_factory=dict)  # uid -> pod
+    # Namespaces labelled gpumeter.io/protection-allowed: "true"
+    protection_namespaces: AbstractSet[str] = field(default_factory=frozenset)
 
     def tenant_of(self, namespace: str) -> str:
         """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
         tenant = self.namespace_tenants.get(namespace)
         return tenant if tenant is not None else kube.tenant_of_namespace(namespace)
+
+    def protected(self, namespace: str, annotations: Mapping[str, str]) -> bool:
+        """A pod of ``namespace`` with these annotations is protected (``is_protected``)."""
+        return namespace in self.protection_namespaces and asks_protection(annotations)
 
     def over_quota(self, tenant: str) -> bool:
         """Blocked on any metric, or holding more GPUs than its max_gpus."""
@@ -246,6 +265,7 @@ class HooksState:
         self.gpus_held: dict[str, Decimal] = {}
         self.namespace_tenants: dict[str, str] = {}
         self.pods: dict[str, KnownPod] = {}
+        self.protection_namespaces: set[str] = set()
         self.view = ClusterView(
             placement=self.placement,
             blocked=self.blocked,
@@ -253,6 +273,7 @@ class HooksState:
             gpus_held=self.gpus_held,
             namespace_tenants=self.namespace_tenants,
             pods=self.pods,
+            protection_namespaces=self.protection_namespaces,
         )
         self._tenants = TenantsFile()
         self._exceeded: dict[str, dict[tuple[str, str], QuotaEvent]] = {}
@@ -362,14 +383,22 @@ class HooksState:
             self.blocked[tenant] = metric
 
     # -- namespaces --------------------------------------------------------------------------
-    def upsert_namespace(self, name: str, tenant: str | None) -> None:
+    def upsert_namespace(self, name: str, tenant: str | None, protection_allowed: bool = False) -> None:
         before = self.view.tenant_of(name)
+        allowed_before = name in self.protection_namespaces
         if tenant is None:
             self.namespace_tenants.pop(name, None)
         else:
             self.namespace_tenants[name] = tenant
+        if protection_allowed:
+            self.protection_namespaces.add(name)
+        else:
+            self.protection_namespaces.discard(name)
         after = self.view.tenant_of(name)
         if after == before:
+            if allowed_before != protection_allowed:
+                for uid in self._by_namespace.get(name, ()):
+                    self._index_known(self._watched[uid])
             return
         held = self._held_by_namespace.get(name, 0)
         if held:
@@ -381,12 +410,16 @@ class HooksState:
     def delete_namespace(self, name: str) -> None:
         self.upsert_namespace(name, None)
 
-    def replace_namespaces(self, namespaces: Iterable[tuple[str, str | None]]) -> None:
-        fresh = dict(namespaces)
-        for name in [n for n in self.namespace_tenants if n not in fresh]:
+    def upsert_watched_namespace(self, namespace: WatchedNamespace) -> None:
+        self.upsert_namespace(namespace.name, namespace.tenant, namespace.protection_allowed)
+
+    def replace_namespaces(self, namespaces: Iterable[WatchedNamespace]) -> None:
+        fresh = {ns.name: ns for ns in namespaces}
+        known = set(self.namespace_tenants) | self.protection_namespaces
+        for name in [n for n in known if n not in fresh]:
             self.delete_namespace(name)
-        for name, tenant in fresh.items():
-            self.upsert_namespace(name, tenant)
+        for namespace in fresh.values():
+            self.upsert_watched_namespace(namespace)
 
     # -- nodes -------------------------------------------------------------------------------
     def upsert_node(self, node: WatchedNode) -> None:
@@ -487,7 +520,7 @@ class HooksState:
             gpus=Decimal(pod.gpus),
             capacity_type=capacity,
             priority=pod.priority,
-            protected=pod.protected,
+            protected=pod.asks_protection and pod.namespace in self.protection_namespaces,
             started_at=pod.started_at,
         )
 

@@ -94,7 +94,9 @@ def load(state: Any) -> None:
     state.upsert_node(WatchedNode("od-2", None, 8))
     state.upsert_pod(WatchedPod("v-spot", "team-a", "w-spot", "spot-1", 1, priority=10))
     state.upsert_pod(WatchedPod("v-od", "team-a", "w-od", "od-1", 1, priority=5))
-    state.upsert_pod(WatchedPod("v-prot", "team-a", "w-prot", "od-2", 1, protected=True))
+    # Protection counts in team-a: it is labelled gpumeter.io/protection-allowed: "true".
+    state.upsert_namespace("team-a", "team-a", protection_allowed=True)
+    state.upsert_pod(WatchedPod("v-prot", "team-a", "w-prot", "od-2", 1, asks_protection=True))
     state.upsert_pod(WatchedPod("m-held", "team-m", "held", "od-1", 3))  # team-m holds 3 of 4
 
 

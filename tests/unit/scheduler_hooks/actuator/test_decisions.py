@@ -37,10 +37,11 @@ from scheduler_hooks.cluster.kube_objects import (
     Notice,
     PodView,
     Taint,
-    namespace_tenant,
+    namespace_labels,
     node_view,
     parse_notice,
     pod_view,
+    tenants_of,
 )
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -115,15 +116,26 @@ def pod_json(
     return {"metadata": metadata, "spec": spec, "status": status}
 
 
+# A namespace where gpumeter.io/protected counts (contract 4, amendment "trust").
+PROTECTION_ALLOWED = {"gpumeter.io/protection-allowed": "true"}
+PROTECT = {"gpumeter.io/protected": "true"}
+
+
 def pod(
     name: str,
     gpus: int | str = 1,
     *,
     tenant: str = TENANT,
     node_labels: dict[str, str] | None = None,
+    namespace_labels: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> PodView:
-    return pod_view(pod_json(name, gpus, **kwargs), tenant, node_labels)
+    return pod_view(pod_json(name, gpus, **kwargs), tenant, node_labels, namespace_labels)
+
+
+def guarded(name: str, gpus: int | str = 1, **kwargs: Any) -> PodView:
+    """Annotated protected in a namespace that allows it."""
+    return pod(name, gpus, annotations=PROTECT, namespace_labels=PROTECTION_ALLOWED, **kwargs)
 
 
 def noticed(
@@ -185,7 +197,7 @@ def names(pods: Any) -> list[str]:
     ],
 )
 def test_namespace_tenant(namespace: dict[str, Any], expected: str) -> None:
-    assert namespace_tenant(namespace) == expected
+    assert tenants_of(namespace_labels([namespace])) == {namespace["metadata"]["name"]: expected}
 
 
 @pytest.mark.parametrize(
@@ -239,7 +251,7 @@ def test_pod_view_reads_the_fields_decisions_use() -> None:
         annotations={"gpumeter.io/protected": "True", **noticed("cause-1")},
         deleting=True,
     )
-    view = pod_view(raw, TENANT)
+    view = pod_view(raw, TENANT, None, PROTECTION_ALLOWED)
     assert (view.namespace, view.name, view.uid, view.node, view.phase) == (
         "ml",
         "trainer",
@@ -312,7 +324,9 @@ EVERYONE = [
     pod("od-new", priority=0, started="2026-11-20T09:00:00Z"),
     pod("spot-high", priority=100, node_labels={"gpumeter.io/capacity-type": "spot"}),
     pod("low", priority=-5),
-    pod("guarded", priority=-100, annotations={"gpumeter.io/protected": "true"}),
+    guarded("guarded", priority=-100),
+    # Annotated, but its namespace does not allow protection: the tenant's own say-so.
+    pod("self-declared", priority=-50, annotations=PROTECT),
     pod("cpu-only", 0),
     pod("unbound", node=None, phase="Pending"),
     pod("done", phase="Succeeded"),
@@ -324,7 +338,7 @@ EVERYONE = [
 def test_period_budgets_evict_every_unprotected_gpu_pod_in_order(metric: str) -> None:
     plan = plan_preemption(event(metric), policy(grace=45), EVERYONE, NOW)
     assert plan is not None
-    assert names(v.pod for v in plan.victims) == ["spot-high", "low", "od-new", "od-old"]
+    assert names(v.pod for v in plan.victims) == ["spot-high", "self-declared", "low", "od-new", "od-old"]
     assert names(plan.protected) == ["guarded"]
     for victim in plan.victims:
         assert not victim.resumed
@@ -363,7 +377,7 @@ MAX_GPUS_CASES = [
     pytest.param(
         # held 6, limit 3: the protected low-priority pod is skipped, then b(2) -> 4, c(1) -> 3.
         [
-            pod("p", 3, priority=-1, annotations={"gpumeter.io/protected": "true"}),
+            guarded("p", 3, priority=-1),
             pod("b", 2),
             pod("c", 1, priority=1),
         ],
@@ -374,11 +388,19 @@ MAX_GPUS_CASES = [
     ),
     pytest.param(
         # held 5, limit 1: everything unprotected goes and it is still not enough.
-        [pod("p", 4, annotations={"gpumeter.io/protected": "true"}), pod("b", 1)],
+        [guarded("p", 4), pod("b", 1)],
         "1",
         ["b"],
         ["p"],
         id="protected-hold-the-rest",
+    ),
+    pytest.param(
+        # The same pods, the annotation in a namespace that does not allow it: p goes first.
+        [pod("p", 3, priority=-1, annotations=PROTECT), pod("b", 2), pod("c", 1, priority=1)],
+        "3",
+        ["p"],
+        [],
+        id="annotation-without-namespace-label-protects-nothing",
     ),
     pytest.param(
         # held 4 (the leaving pod's 2 count as gone already): 2 <= 2, nobody new.
@@ -861,6 +883,11 @@ def test_reclaim_frees_room_with_the_fewest_spot_pods() -> None:
     assert plan_names([node("gpu-0")], pods) == [("trainer", "gpu-0", ["spot-new"])]
 
 
+def test_reclaim_takes_a_spot_pod_whose_namespace_does_not_allow_its_protection() -> None:
+    pods = [spot_pod("s", 4, annotations=PROTECT), waiting("trainer", 2)]
+    assert plan_names([node("gpu-0")], pods) == [("trainer", "gpu-0", ["s"])]
+
+
 def test_reclaim_prefers_the_node_needing_fewest_victims() -> None:
     pods = [
         spot_pod("a1", 1, "gpu-a"),
@@ -899,7 +926,8 @@ def test_reclaim_prefers_the_node_needing_fewest_victims() -> None:
             id="scheduler-has-not-given-up",
         ),
         pytest.param(
-            [spot_pod("s", 4, annotations={"gpumeter.io/protected": "true"}), waiting("trainer", 2)],
+            [spot_pod("s", 4, annotations=PROTECT, namespace_labels=PROTECTION_ALLOWED),
+             waiting("trainer", 2)],
             [node("gpu-0")],
             set(),
             id="protected-spot-pod",

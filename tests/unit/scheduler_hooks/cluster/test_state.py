@@ -15,9 +15,10 @@ from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from scheduler_hooks.cluster.state import (
     HooksState,
+    WatchedNamespace,
     WatchedNode,
     WatchedPod,
-    namespace_tenant,
+    watched_namespace,
     watched_node,
     watched_pod,
 )
@@ -105,7 +106,10 @@ FOLD_CASES: dict[str, tuple[list[QuotaEvent], dict[str, str]]] = {
         [quota("blocker", "max_gpus", "exceeded", limit="0")],
         {},
     ),
-    "an exceeded of a past period does not block": ([quota("blocker", "gpu_hours", "exceeded", "2026-10")], {}),
+    "an exceeded of a past period does not block": (
+        [quota("blocker", "gpu_hours", "exceeded", "2026-10")],
+        {},
+    ),
     "a recovered with a limit not the policy's does not unblock": (
         [quota("blocker", "gpu_hours", "exceeded"), quota("blocker", "gpu_hours", "recovered", limit="100")],
         {"blocker": "gpu_hours"},
@@ -243,7 +247,7 @@ def test_watched_pod_reads_the_api_object() -> None:
         node="n1",
         gpus=3,
         priority=7,
-        protected=True,
+        asks_protection=True,
         capacity_hint="spot",
         started_at=datetime(2026, 11, 5, 10, tzinfo=UTC),
         terminal=False,
@@ -261,11 +265,26 @@ def test_watched_node_and_namespace_tenant() -> None:
         {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
     ) == WatchedNode("n", None, 8)
     assert watched_node({"metadata": {"name": "n"}, "status": {"capacity": {"cpu": "8"}}}) == WatchedNode("n")
-    assert namespace_tenant({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "Team_A"}}}) == (
-        "ns",
-        "team-a",
+    assert watched_namespace({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "Team_A"}}}) == (
+        WatchedNamespace("ns", "team-a")
     )
-    assert namespace_tenant({"metadata": {"name": "ns"}}) == ("ns", "ns")
+    assert watched_namespace({"metadata": {"name": "ns"}}) == WatchedNamespace("ns", "ns")
+    allowed = {"metadata": {"name": "ns", "labels": {"gpumeter.io/protection-allowed": "true"}}}
+    assert watched_namespace(allowed) == WatchedNamespace("ns", "ns", protection_allowed=True)
+
+
+def test_protection_follows_the_namespace_label() -> None:
+    state = HooksState()
+    state.upsert_pod(pod("p", node="n1", asks_protection=True))
+    state.upsert_pod(pod("q", node="n1"))
+    assert not state.pods["p"].protected  # the namespace is not known to allow it
+    state.upsert_namespace("ns-a", "team", protection_allowed=True)
+    assert state.pods["p"].protected and not state.pods["q"].protected
+    state.upsert_namespace("ns-a", "team")  # the label removed
+    assert not state.pods["p"].protected
+    state.upsert_namespace("ns-a", "team", protection_allowed=True)
+    state.replace_namespaces([])  # a relist without the namespace
+    assert not state.pods["p"].protected
 
 
 def test_a_pod_bound_since_the_record_takes_the_best_set_left() -> None:
