@@ -1051,6 +1051,21 @@ def test_offsets_commit_only_the_handled_prefix() -> None:
     assert tracker.in_flight == 0
 
 
+def test_handled_events_stop_counting_in_flight_before_they_are_committed() -> None:
+    # The consumer waits while in_flight is at its limit and commits only between fetches: an
+    # event handled but not yet committed must not hold that wait up, or a backlog of the
+    # limit's size wedges the actuator for good.
+    tracker: OffsetTracker[str] = OffsetTracker()
+    marks = [tracker.add("p0", offset) for offset in range(3)]
+    marks[0]()
+    marks[1]()
+    marks[1]()  # a second call changes nothing
+    assert tracker.in_flight == 1
+    tracker.add("p1", 0)
+    tracker.forget({"p0"})
+    assert tracker.in_flight == 1  # p1's event; p0's unhandled one went with its partition
+
+
 def test_offsets_of_revoked_partitions_are_forgotten() -> None:
     tracker: OffsetTracker[str] = OffsetTracker()
     tracker.add("p0", 1)
