@@ -513,38 +513,40 @@ def test_recoveries_keep_the_latest_recovered_whatever_order_they_are_read_in() 
     assert recoveries.read_to(0) == 900
 
 
-SPEND = {"spend": "100"}
+
+BLOCKS_ON_SPEND = policy("block", spend="100")
+PREEMPTS_ON_SPEND = policy("preempt", spend="100")
 
 BLOCKED_CASES = [
-    pytest.param({}, event("spend"), policy("block", **SPEND), {TENANT: {"spend"}}, id="block-blocks"),
-    pytest.param({}, event("spend"), policy("preempt", **SPEND), {TENANT: {"spend"}}, id="preempt-blocks"),
-    pytest.param({}, event("spend"), policy("notify", **SPEND), {}, id="notify-does-not"),
-    pytest.param({}, event("spend", "warning"), policy("block", **SPEND), {}, id="warning-does-not"),
+    pytest.param({}, event("spend"), BLOCKS_ON_SPEND, {TENANT: {"spend"}}, id="block-blocks"),
+    pytest.param({}, event("spend"), PREEMPTS_ON_SPEND, {TENANT: {"spend"}}, id="preempt-blocks"),
+    pytest.param({}, event("spend"), policy("notify", spend="100"), {}, id="notify-does-not"),
+    pytest.param({}, event("spend", "warning"), BLOCKS_ON_SPEND, {}, id="warning-does-not"),
     pytest.param(
         {TENANT: {"spend", "max_gpus"}},
         event("spend", "recovered", used="90"),
-        policy("block", **SPEND),
+        BLOCKS_ON_SPEND,
         {TENANT: {"max_gpus"}},
         id="recovered-one-of-two",
     ),
-    pytest.param({TENANT: {"spend"}}, event("spend", "recovered", used="90"), policy("block", **SPEND), {},
+    pytest.param({TENANT: {"spend"}}, event("spend", "recovered", used="90"), BLOCKS_ON_SPEND, {},
                  id="recovered-last"),
     pytest.param(
         {"team-b": {"gpu_hours"}},
         event("spend"),
-        policy("block", **SPEND),
+        BLOCKS_ON_SPEND,
         {"team-b": {"gpu_hours"}, TENANT: {"spend"}},
         id="others-kept",
     ),
-    pytest.param({}, event("spend", limit="50"), policy("block", **SPEND), {}, id="forged-exceeded-limit"),
+    pytest.param({}, event("spend", limit="50"), BLOCKS_ON_SPEND, {}, id="forged-exceeded-limit"),
     pytest.param({}, event("spend"), policy("block"), {}, id="exceeded-of-a-metric-without-limit"),
     pytest.param({}, event("spend"), None, {}, id="exceeded-of-a-tenant-not-in-file"),
     pytest.param(
-        {TENANT: {"spend"}}, event("spend", "recovered", limit="500", used="90"), policy("block", **SPEND),
+        {TENANT: {"spend"}}, event("spend", "recovered", limit="500", used="90"), BLOCKS_ON_SPEND,
         {TENANT: {"spend"}}, id="forged-recovered-limit",
     ),
     pytest.param(
-        {TENANT: {"spend"}}, event("spend", "recovered", used="120"), policy("block", **SPEND),
+        {TENANT: {"spend"}}, event("spend", "recovered", used="120"), BLOCKS_ON_SPEND,
         {TENANT: {"spend"}}, id="recovered-still-over",
     ),
 ]
