@@ -250,13 +250,13 @@ def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any,
 
             self.sink.recorded = timed_recorded  # type: ignore[method-assign]
 
-        def _chain(self, event: Any, moot: Any, done: Any) -> None:
+        def _chain(self, event: Any, position: Any, done: Any) -> None:
             marks["fetched"].setdefault(event.tenant, time.time())
-            super()._chain(event, moot, done)
+            super()._chain(event, position, done)
 
-        async def handle(self, event: Any, moot: Any = frozenset()) -> None:
+        async def handle(self, event: Any, position: Any = None) -> None:
             marks["handled"].setdefault(event.tenant, time.time())
-            await super().handle(event, moot)
+            await super().handle(event, position)
 
     logging.basicConfig(
         filename=str(Path(tenants).with_name("actuator.log")),

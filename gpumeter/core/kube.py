@@ -11,6 +11,8 @@ kubernetes client's ``sanitize_for_serialization`` gives); no kubernetes import.
   operator corrects what a cloud label says (capacity reserved for spot-priced instances). A pod
   may declare its type with the same label or annotation, which counts only where the node says
   nothing: the node is what was bought.
+* Protection of a pod: the annotation ``gpumeter.io/protected: "true"`` counts only in a
+  namespace labelled ``gpumeter.io/protection-allowed: "true"``.
 * Effective request of a pod, the kubelet's rule (KEP-753, native sidecars): the larger of
   Σ app containers + Σ sidecars and, for each regular init container, its request + Σ the
   sidecars started before it; plus the pod overhead. A sidecar is an init container with
@@ -33,6 +35,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TENANT_LABEL = "gpumeter.io/tenant"
 CAPACITY_TYPE_LABEL = "gpumeter.io/capacity-type"  # on a node (what was bought) or a pod (declared)
 PROTECTED_ANNOTATION = "gpumeter.io/protected"
+# On a namespace: its pods' PROTECTED_ANNOTATION counts (contract 4, amendment "trust"). Tenants
+# create their own pods but not namespaces, so the cluster's operators decide who is protected.
+PROTECTION_ALLOWED_LABEL = "gpumeter.io/protection-allowed"
 EVICTION_NOTICE_ANNOTATION = "gpumeter.io/eviction-notice"
 BLOCKED_ON_ANNOTATION = "gpumeter.io/blocked-on"  # on a tenant's Volcano queue
 SIDECAR_RESTART_POLICY = "Always"

@@ -31,17 +31,24 @@ class OffsetTracker(Generic[K]):
 
     def __init__(self) -> None:
         self._pending: dict[K, deque[OffsetTracker._Entry]] = {}  # per partition, in fetch order
+        self._unhandled = 0
 
     @property
     def in_flight(self) -> int:
-        return sum(len(entries) for entries in self._pending.values())
+        """Events added and not handled yet. Handled ones waiting for ``committable`` do not
+        count: the consumer's back-pressure waits on this number, and only its own loop calls
+        ``committable``, so counting them would wait for ever once the limit is reached."""
+        return self._unhandled
 
     def add(self, partition: K, offset: int) -> Callable[[], None]:
         entry = OffsetTracker._Entry(offset)
         self._pending.setdefault(partition, deque()).append(entry)
+        self._unhandled += 1
 
         def done() -> None:
-            entry.handled = True
+            if not entry.handled:
+                entry.handled = True
+                self._unhandled -= 1
 
         return done
 
@@ -55,4 +62,5 @@ class OffsetTracker(Generic[K]):
     def forget(self, partitions: set[K]) -> None:
         """Partitions no longer ours (a rebalance): their next owner reads them again."""
         for partition in partitions:
-            self._pending.pop(partition, None)
+            dropped = self._pending.pop(partition, None) or ()
+            self._unhandled -= sum(1 for entry in dropped if not entry.handled)

@@ -8,22 +8,28 @@ in, values out.
   shows now, not the event's ``used``: the stream's view can be a window old, the pods are
   the truth. Pods already on their way out (a notice from another cause, a deletion under
   way) are not chosen again, and for max_gpus their GPUs count as already gone.
+  The limit is the policy's, never the event's (contract 4, amendment "trust"): the event
+  only says that a crossing happened; how many GPUs the tenant may keep is the tenants file's
+  to say.
 - A replayed event finds its own notices on the pods (the annotation carries the event id):
   those pods are victims again *with their original deadline*, never a new grace period.
-- ``superseded``: crossings a later ``recovered`` in the same backlog made moot.
-- ``blocked_after``: the metrics each tenant is blocked on after an event.
+- ``Recoveries``: which ``exceeded`` a later ``recovered`` of the same tenant, metric and
+  period has cancelled, however far apart on the topic the two are.
+- ``blocked_after``: the metrics each tenant is blocked on after an event the tenants file
+  agrees with (``quota.trust``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.money import exact
 from gpumeter.core.tenants import TenantPolicy
+from quota.trust import distrust
 from quota.victims import eviction_order, select_victims
 from scheduler_hooks.cluster.kube_objects import Notice, PodView, quota_message
 
@@ -71,7 +77,11 @@ def plan_preemption(event: QuotaEvent, policy: TenantPolicy | None, pods: Iterab
     candidates = [p for p in holding if p.uid not in gone]
     by_uid = {p.uid: p for p in candidates}
 
-    limit: Decimal | None = event.limit if event.metric == "max_gpus" else None
+    limit: Decimal | None = None
+    if event.metric == "max_gpus":
+        if policy.max_gpus is None:
+            return None  # no limit in the file: nothing to bring the tenant back within
+        limit = policy.max_gpus
     with exact():
         held = sum((p.gpus for p in holding), _ZERO) - sum((p.gpus for p in resumed + leaving), _ZERO)
     chosen = [by_uid[c.uid] for c in select_victims([p.candidate() for p in candidates], held, limit)]
@@ -104,26 +114,59 @@ def passed_over(candidates: Sequence[PodView], held: Decimal, limit: Decimal | N
     return tuple(skipped)
 
 
-def superseded(events: Sequence[QuotaEvent]) -> set[str]:
-    """Ids of ``exceeded`` events followed, later in ``events``, by ``recovered`` of the same
-    tenant and metric: acting on them would evict for a state already over (a backlog read after
-    downtime), so they are recorded nowhere and acted on never."""
-    out: set[str] = set()
-    recovered_later: set[tuple[str, str]] = set()
-    for event in reversed(events):
-        key = (event.tenant, event.metric)
-        if event.level == "recovered":
-            recovered_later.add(key)
-        elif event.level == "exceeded" and key in recovered_later:
-            out.add(event.event_id)
-    return out
+Position = tuple[int, int]  # (partition, offset) of an event on the quota events topic
+CrossingKey = tuple[str, str, str]  # (tenant, metric, period)
+
+
+def crossing_key(event: QuotaEvent) -> CrossingKey:
+    return (event.tenant, event.metric, event.period)
+
+
+@dataclass
+class Recoveries:
+    """The latest ``recovered`` of each (tenant, metric, period) seen on the topic, and how far
+    each partition has been read.
+
+    Fed with every event the actuator reads, the consumer's fetches and the read-ahead alike
+    (service.py reads to the end of the partition before evicting for an ``exceeded``): an
+    ``exceeded`` is cancelled when a ``recovered`` of its key sits after it on its partition,
+    however many events lie between. A tenant's events share one partition (key = tenant),
+    so positions on it are its order. Nothing is persisted: after a restart the consumer
+    replays from the committed offset, and the read-ahead finds every later event again.
+    """
+
+    _recovered: dict[CrossingKey, Position] = field(default_factory=dict)
+    _read_to: dict[int, int] = field(default_factory=dict)  # partition -> highest offset observed
+
+    def observe(self, event: QuotaEvent, position: Position) -> None:
+        partition, offset = position
+        self._read_to[partition] = max(offset, self._read_to.get(partition, -1))
+        if event.level != "recovered":
+            return
+        key = crossing_key(event)
+        seen = self._recovered.get(key)
+        if seen is None or seen[0] != partition or seen[1] < offset:
+            self._recovered[key] = position
+
+    def read_to(self, partition: int) -> int:
+        """The highest offset observed on ``partition`` (-1: none)."""
+        return self._read_to.get(partition, -1)
+
+    def cancelled(self, event: QuotaEvent, position: Position) -> bool:
+        """An ``exceeded`` followed, later on its partition, by a ``recovered`` of its key."""
+        if event.level != "exceeded":
+            return False
+        seen = self._recovered.get(crossing_key(event))
+        return seen is not None and seen[0] == position[0] and seen[1] > position[1]
 
 
 def blocked_after(blocked: Mapping[str, frozenset[str]], event: QuotaEvent,
-                  policy: TenantPolicy | None) -> dict[str, frozenset[str]]:
+                  policy: TenantPolicy | None, now: datetime) -> dict[str, frozenset[str]]:
     """Metrics each tenant is blocked on after ``event`` (contract 4: exceeded, not recovered,
-    on_exceed block or preempt)."""
+    on_exceed block or preempt); an event the tenants file disagrees with changes nothing."""
     out = dict(blocked)
+    if distrust(event, policy, now) is not None:
+        return out
     metrics = set(out.get(event.tenant, frozenset()))
     if event.level == "exceeded" and policy is not None and policy.on_exceed in BLOCKING:
         metrics.add(event.metric)

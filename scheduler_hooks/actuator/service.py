@@ -10,12 +10,19 @@ What it does
   topic prefix like every group). Fetching never waits for handling: each tenant's events
   run in order (one key, one partition), tenants side by side, and an offset is committed
   once every event up to it is handled (offsets.py).
+- Trust (contract 4, amendment "trust"): an event the tenants file it holds disagrees with
+  (``quota.trust.distrust``: tenant not in the file, a limit not the policy's, a period not
+  the current one...) is ignored with one log line and counted in
+  ``gpumeter_actuator_untrusted_events_total{reason}``; it closes, opens and evicts nothing.
 - ``exceeded`` for an ``on_exceed: preempt`` tenant: the victims of
   ``plan.plan_preemption`` get the annotation ``gpumeter.io/eviction-notice`` (reason,
   deadline, the event id), then, after the tenant's ``grace_seconds``, a policy/v1 Eviction.
   A PodDisruptionBudget refusal (429, cause DisruptionBudget) is recorded and retried with
   exponential back-off up to ``hooks.eviction_max_backoff_seconds``; the pod is never
   deleted directly (evictions.py). ``recovered`` withdraws notices of that metric still waiting.
+  An ``exceeded`` that a later ``recovered`` of the same tenant, metric and period cancelled
+  evicts nobody, however far apart on the topic: before evicting, the partition is read
+  ahead to its end (read_ahead.py, plan.Recoveries).
 - ``exceeded`` for ``block`` or ``preempt`` closes the tenant's Volcano queue; ``recovered``
   reopens it once no metric is left (volcano_queues.py).
 - Every few seconds: queues in step with the tenants file (re-read when it changes; a file
@@ -65,6 +72,7 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import CommitFailedError
 from kubernetes.client import ApiClient
+from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
 from gpumeter.core.kube import PROTECTED_ANNOTATION, tenant_of_namespace
@@ -73,25 +81,28 @@ from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy
 from gpumeter.core.topics import QUOTA_EVENTS, actuator_group_id
 from gpumeter.infra import kafka as gkafka
+from quota.trust import Distrust, distrust
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.evictions import Evictions
 from scheduler_hooks.actuator.kube_gateway import KubeGateway
 from scheduler_hooks.actuator.offsets import OffsetTracker
 from scheduler_hooks.actuator.plan import (
     BLOCKING,
+    Position,
     PreemptionPlan,
+    Recoveries,
     Victim,
     blocked_after,
     plan_preemption,
-    superseded,
 )
+from scheduler_hooks.actuator.read_ahead import ReadAhead
 from scheduler_hooks.actuator.reclaim import RECLAIM_PREFIX, plan_spot_reclaim, qualifies, reclaim_victims
 from scheduler_hooks.actuator.records import RecordSink, queue_record
 from scheduler_hooks.actuator.refreshing_cache import RefreshingCache
 from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.actuator.volcano_queues import QueueChange, VolcanoQueues
 from scheduler_hooks.cluster.feeds import kube_api_client
-from scheduler_hooks.cluster.kube_objects import PodView, namespace_tenants, node_view, pod_view
+from scheduler_hooks.cluster.kube_objects import PodView, namespace_labels, node_view, pod_view, tenants_of
 
 log = logging.getLogger("gpumeter.actuator")
 T = TypeVar("T")
@@ -125,6 +136,7 @@ class Actuator:
         tenants: TenantsSource,
         reclaim_seconds: float = RECLAIM_SECONDS,
         queue_sync_seconds: float = QUEUE_SYNC_SECONDS,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.settings = settings
         self.dry_run = dry_run
@@ -137,10 +149,15 @@ class Actuator:
         self.max_backoff = settings.hooks.eviction_max_backoff_seconds
         self.blocked: dict[str, frozenset[str]] = {}
         self._handled: set[str] = set()  # event ids planned by this process
+        self.recoveries = Recoveries()
+        self.read_ahead = ReadAhead(settings, settings.kafka.topic(QUOTA_EVENTS), self.recoveries)
+        self.untrusted = Counter(
+            "gpumeter_actuator_untrusted_events", "Quota events ignored because the tenants file disagrees",
+            ["reason"], registry=registry if registry is not None else CollectorRegistry())
         self._node_labels = RefreshingCache(self._read_node_labels, NODE_CACHE_SECONDS, self._spawn,
                                             what="the nodes' labels")
-        self._namespace_tenants = RefreshingCache(self._read_namespace_tenants, NAMESPACE_CACHE_SECONDS,
-                                                  self._spawn, what="the namespaces' tenants")
+        self._namespace_labels = RefreshingCache(self._read_namespace_labels, NAMESPACE_CACHE_SECONDS,
+                                                 self._spawn, what="the namespaces' labels")
         self._tenant_slots = asyncio.Semaphore(TENANT_CONCURRENCY)
         self._chains: dict[str, asyncio.Task[None]] = {}  # tenant -> its latest event's task
         # Below the client's connection pool (10 by default), so no connection is thrown away.
@@ -156,12 +173,14 @@ class Actuator:
                                    post_event=self._event)
 
     @classmethod
-    def from_settings(cls, settings: Settings, dry_run: bool, api: ApiClient | None = None) -> Actuator:
+    def from_settings(cls, settings: Settings, dry_run: bool, api: ApiClient | None = None,
+                      registry: CollectorRegistry | None = None) -> Actuator:
         """``api``: a Kubernetes client to share (``gpumeter hooks`` has one); else the
-        in-cluster account or the kubeconfig, as every controller finds them."""
+        in-cluster account or the kubeconfig, as every controller finds them. ``registry``:
+        where its Prometheus series go (the extender's, served on ``/metrics``)."""
         return cls(settings, dry_run=dry_run or settings.hooks.dry_run,
                    kube=KubeGateway(api if api is not None else kube_api_client()),
-                   tenants=TenantsSource(settings.tenants))
+                   tenants=TenantsSource(settings.tenants), registry=registry)
 
     @property
     def group(self) -> str:
@@ -179,8 +198,8 @@ class Actuator:
             group_id=self.group,
             enable_auto_commit=False,
             fetch_max_wait_ms=self.settings.hooks.actuator_fetch_max_wait_ms,
-            # A first start acts on the whole history it finds; superseded() drops the crossings
-            # that a later recovered in the same backlog made moot.
+            # A first start acts on the whole history it finds; the trust check drops crossings
+            # of past periods, the read-ahead those a later recovered made moot.
             auto_offset_reset="earliest",
         )
         loops: list[asyncio.Task[None]] = []
@@ -205,6 +224,7 @@ class Actuator:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             await consumer.stop()
+            await self.read_ahead.stop()
             await self.sink.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._events_pool.shutdown(wait=False, cancel_futures=True)
@@ -258,18 +278,21 @@ class Actuator:
             messages = [(tp, m) for tp, partition in batch.items() for m in partition]
             if not messages and not self._resumed and offsets.in_flight == 0:
                 await self._resume()  # caught up: notices left by an earlier run go ahead now
-            parsed: list[tuple[QuotaEvent, Callable[[], None]]] = []
+            parsed: list[tuple[QuotaEvent, Position, Callable[[], None]]] = []
             for tp, message in messages:
                 done = offsets.add(tp, message.offset)
                 try:
-                    parsed.append((QuotaEvent.model_validate_json(message.value or b""), done))
+                    event = QuotaEvent.model_validate_json(message.value or b"")
                 except ValidationError as exc:
                     log.error("skipping a record on %s at offset %d that is not a QuotaEvent: %s",
                               message.topic, message.offset, str(exc).splitlines()[0])
                     done()
-            moot = superseded([event for event, _ in parsed])
-            for event, done in parsed:
-                self._chain(event, moot, done)
+                    continue
+                position = (tp.partition, message.offset)
+                self.recoveries.observe(event, position)  # the whole fetch, before any is handled
+                parsed.append((event, position, done))
+            for event, position, done in parsed:
+                self._chain(event, position, done)
             committable = offsets.committable()
             if committable:
                 try:
@@ -278,14 +301,14 @@ class Actuator:
                     log.warning("offset commit refused (%s); the events will be replayed and folded", exc)
                     offsets.forget(set(committable) - set(consumer.assignment()))
 
-    def _chain(self, event: QuotaEvent, moot: set[str], done: Callable[[], None]) -> None:
+    def _chain(self, event: QuotaEvent, position: Position, done: Callable[[], None]) -> None:
         previous = self._chains.get(event.tenant)
 
         async def run() -> None:
             if previous is not None:
                 await asyncio.wait([previous])  # order within the tenant; its outcome is its own
             async with self._tenant_slots:
-                await self._handle_with_retry(event, moot)
+                await self._handle_with_retry(event, position)
             if not self._stop.is_set():
                 done()
 
@@ -298,11 +321,11 @@ class Actuator:
 
         task.add_done_callback(forget)
 
-    async def _handle_with_retry(self, event: QuotaEvent, moot: set[str]) -> None:
+    async def _handle_with_retry(self, event: QuotaEvent, position: Position) -> None:
         attempt = 0
         while not self._stop.is_set():
             try:
-                await self.handle(event, moot)
+                await self.handle(event, position)
                 return
             except Exception as exc:  # API server or stores away: the event is retried, never dropped
                 delay = backoff_seconds(attempt, self.max_backoff)
@@ -312,13 +335,25 @@ class Actuator:
                 attempt += 1
                 await self._sleep(delay)
 
-    async def handle(self, event: QuotaEvent, moot: set[str] | frozenset[str] = frozenset()) -> None:
+    async def handle(self, event: QuotaEvent, position: Position | None = None) -> None:
         """One quota event: its queue, and preemption (exceeded) or withdrawal (recovered), the
-        two side by side (independent; both idempotent, so a retry of the pair is safe)."""
+        two side by side (independent; both idempotent, so a retry of the pair is safe).
+        ``position``: where the event sits on the topic (None: not read from it, nothing
+        can come after it)."""
         log.debug("quota event %s: %s %s %s", event.event_id[:12], event.tenant, event.metric, event.level)
         policy = self.tenants.current().policy(event.tenant)
-        self.blocked = blocked_after(self.blocked, event, policy)
-        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, moot))
+        reason = distrust(event, policy, _now())
+        if reason is not None:
+            self._ignore(event, reason)
+            return
+        self.blocked = blocked_after(self.blocked, event, policy, _now())
+        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position))
+
+    def _ignore(self, event: QuotaEvent, reason: Distrust) -> None:
+        self.untrusted.labels(reason).inc()
+        log.warning("quota event %s (%s %s %s, limit %s, period %s) ignored: the tenants file disagrees (%s)",
+                    event.event_id[:12], event.tenant, event.metric, event.level, event.limit, event.period,
+                    reason)
 
     async def _queue_for(self, event: QuotaEvent, policy: TenantPolicy | None) -> None:
         if event.level == "exceeded" and policy is not None and policy.on_exceed in BLOCKING:
@@ -329,15 +364,22 @@ class Actuator:
             await self._queue_decision(event, change, "queue_opened")
 
     async def _pods_for(self, event: QuotaEvent, policy: TenantPolicy | None,
-                        moot: set[str] | frozenset[str]) -> None:
-        if event.event_id in moot:
-            log.info("quota event %s (%s %s exceeded) is followed by its recovery in the same backlog: "
-                     "nothing to evict", event.event_id[:12], event.tenant, event.metric)
-            return
+                        position: Position | None) -> None:
         if event.level == "exceeded":
-            await self._preempt(event, policy)
+            await self._preempt(event, policy, position)
         elif event.level == "recovered":
             await self._withdraw(event)
+
+    async def _cancelled(self, event: QuotaEvent, position: Position | None) -> bool:
+        """A later recovered of the same tenant, metric and period is on the topic."""
+        if position is None:
+            return False
+        await self.read_ahead.to_end(*position)
+        if not self.recoveries.cancelled(event, position):
+            return False
+        log.info("quota event %s (%s %s exceeded, %s) is cancelled by a later recovered on the topic: "
+                 "nothing to evict", event.event_id[:12], event.tenant, event.metric, event.period)
+        return True
 
     async def _queue_decision(self, event: QuotaEvent, change: QueueChange | None,
                               action: PreemptionAction) -> None:
@@ -353,8 +395,11 @@ class Actuator:
         await self.sink.write([queue_record(event.event_id, event.metric, event.tenant, change.queue, action,
                                             detail, _now())])
 
-    async def _preempt(self, event: QuotaEvent, policy: TenantPolicy | None) -> None:
+    async def _preempt(self, event: QuotaEvent, policy: TenantPolicy | None,
+                       position: Position | None) -> None:
         if policy is None or policy.on_exceed != "preempt" or event.event_id in self._handled:
+            return
+        if await self._cancelled(event, position):
             return
         recorded, pods = await asyncio.gather(self.sink.recorded(event.tenant, event.event_id),
                                               self._tenant_pods(event.tenant))
@@ -397,13 +442,13 @@ class Actuator:
             self._resumed = True
             return
         try:
-            tenants = await self._namespace_map(refresh=True)
+            namespaces = await self._namespace_map(refresh=True)
             listed = await self._io(self.kube.pods)
         except Exception as exc:  # API server away: tried again at the next idle poll
             log.warning("cannot list pods to resume earlier notices yet: %s", str(exc).strip()[:300])
             return
         self._resumed = True
-        count = self.evictions.resume(self._view(raw, tenants) for raw in listed)
+        count = self.evictions.resume(self._view(raw, namespaces) for raw in listed)
         if count:
             log.info("resumed %d eviction(s) noticed before this start", count)
 
@@ -411,34 +456,37 @@ class Actuator:
     async def _read_node_labels(self) -> dict[str, dict[str, str]]:
         return {n.name: dict(n.labels) for n in map(node_view, await self._io(self.kube.nodes))}
 
-    async def _read_namespace_tenants(self) -> dict[str, str]:
-        return namespace_tenants(await self._io(self.kube.namespaces))
+    async def _read_namespace_labels(self) -> dict[str, dict[str, str]]:
+        return namespace_labels(await self._io(self.kube.namespaces))
 
     async def _labels_of_nodes(self) -> dict[str, dict[str, str]]:
         """Node -> labels, NODE_CACHE_SECONDS old or a little more (read again in the background)."""
         return await self._node_labels.get()
 
-    async def _namespace_map(self, refresh: bool = False) -> dict[str, str]:
-        """Namespace -> tenant, NAMESPACE_CACHE_SECONDS old or a little more (read again in the
-        background), or read now if ``refresh``."""
-        return await self._namespace_tenants.get(fresh=refresh)
+    async def _namespace_map(self, refresh: bool = False) -> dict[str, dict[str, str]]:
+        """Namespace -> its labels (its tenant, whether protection counts there),
+        NAMESPACE_CACHE_SECONDS old or a little more (read again in the background), or read
+        now if ``refresh``."""
+        return await self._namespace_labels.get(fresh=refresh)
 
-    async def _namespaces_of(self, tenant: str) -> list[str]:
-        """The tenant's namespaces; the map is read again at once when it shows none (a
-        namespace made or labelled since the last read)."""
+    async def _namespaces_of(self, tenant: str) -> dict[str, dict[str, str]]:
+        """The tenant's namespaces and their labels; the map is read again at once when it
+        shows none (a namespace made or labelled since the last read)."""
         for refresh in (False, True):
-            owners = await self._namespace_map(refresh)
-            names = sorted(ns for ns, owner in owners.items() if owner == tenant)
-            if names:
+            namespaces = await self._namespace_map(refresh)
+            owners = tenants_of(namespaces)
+            found = {ns: namespaces[ns] for ns in sorted(owners) if owners[ns] == tenant}
+            if found:
                 break
-        return names
+        return found
 
     async def _tenant_pods(self, tenant: str) -> list[PodView]:
         namespaces = await self._namespaces_of(tenant)
         listed = await asyncio.gather(*(self._io(self.kube.pods, ns) for ns in namespaces))
         labels = await self._labels_of_nodes()
-        return [pod_view(raw, tenant, labels.get(str((raw.get("spec") or {}).get("nodeName") or "")))
-                for pods in listed for raw in pods]
+        return [pod_view(raw, tenant, labels.get(str((raw.get("spec") or {}).get("nodeName") or "")),
+                         ns_labels)
+                for ns_labels, pods in zip(namespaces.values(), listed, strict=True) for raw in pods]
 
     # -- periodic work ------------------------------------------------------------------------
     async def _sync_queues(self) -> None:
@@ -453,14 +501,14 @@ class Actuator:
     async def _reclaim(self) -> None:
         # The cheap question first: is any pod waiting that spot reclaim could serve? Only then
         # read every node and pod (the pass runs every few seconds on clusters of any size).
-        tenants = await self._namespace_map(refresh=True)
-        waiting = [self._view(raw, tenants) for raw in await self._io(self.kube.unscheduled_pods)]
+        namespaces = await self._namespace_map(refresh=True)
+        waiting = [self._view(raw, namespaces) for raw in await self._io(self.kube.unscheduled_pods)]
         if not any(qualifies(p, self.blocked) for p in waiting):
             return
         nodes, pods = await asyncio.gather(self._io(self.kube.nodes), self._io(self.kube.pods))
         node_views = [node_view(n) for n in nodes]
         labels = {n.name: dict(n.labels) for n in node_views}
-        views = [self._view(raw, tenants, labels) for raw in pods]
+        views = [self._view(raw, namespaces, labels) for raw in pods]
         plans = plan_spot_reclaim(node_views, views, set(self.blocked))
         for plan in plans:
             log.info("spot reclaim for %s on %s: %s", plan.pending.key, plan.node,
@@ -468,9 +516,11 @@ class Actuator:
             await self.evictions.carry_out(reclaim_victims(plan, self.tenants.current(), _now()), "")
 
     @staticmethod
-    def _view(raw: dict[str, Any], tenants: dict[str, str],
+    def _view(raw: dict[str, Any], namespaces: dict[str, dict[str, str]],
               node_labels: dict[str, dict[str, str]] | None = None) -> PodView:
         namespace = str((raw.get("metadata") or {}).get("namespace", ""))
         node = str((raw.get("spec") or {}).get("nodeName") or "")
-        tenant = tenants.get(namespace) or tenant_of_namespace(namespace)  # a namespace listed since
-        return pod_view(raw, tenant, (node_labels or {}).get(node))
+        # A namespace made since the list: its name is its tenant, and protection does not count.
+        labels = namespaces.get(namespace)
+        tenant = tenant_of_namespace(namespace, labels)
+        return pod_view(raw, tenant, (node_labels or {}).get(node), labels)

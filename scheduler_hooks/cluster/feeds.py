@@ -46,7 +46,7 @@ from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.tenants import load_tenants
 from gpumeter.infra import kafka as gkafka
 from scheduler_hooks.cluster import state as sources
-from scheduler_hooks.cluster.state import HooksState, namespace_tenant, watched_node, watched_pod
+from scheduler_hooks.cluster.state import HooksState, watched_namespace, watched_node, watched_pod
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +156,9 @@ KINDS: dict[str, _Kind] = {
         HooksState.replace_nodes, HooksState.upsert_node, lambda s, node: s.delete_node(node.name),
     ),
     "namespaces": _Kind(
-        sources.NAMESPACES, "list_namespace", namespace_tenant,
-        HooksState.replace_namespaces, lambda s, ns: s.upsert_namespace(*ns),
-        lambda s, ns: s.delete_namespace(ns[0]),
+        sources.NAMESPACES, "list_namespace", watched_namespace,
+        HooksState.replace_namespaces, HooksState.upsert_watched_namespace,
+        lambda s, ns: s.delete_namespace(ns.name),
     ),
 }
 

@@ -40,20 +40,29 @@ _ZERO = Decimal(0)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-def is_protected(annotations: Mapping[str, str]) -> bool:
+def asks_protection(annotations: Mapping[str, str]) -> bool:
+    """The pod carries ``gpumeter.io/protected: "true"``: what it asks, not what it gets."""
     return annotations.get(kube.PROTECTED_ANNOTATION, "").strip().lower() == "true"
+
+
+def protection_allowed(namespace_labels: Mapping[str, Any] | None) -> bool:
+    """The namespace is labelled ``gpumeter.io/protection-allowed: "true"`` (label values are
+    exact: an operator writes it)."""
+    return (namespace_labels or {}).get(kube.PROTECTION_ALLOWED_LABEL) == "true"
+
+
+def is_protected(annotations: Mapping[str, str], namespace_labels: Mapping[str, Any] | None) -> bool:
+    """Contract 4, amendment "trust": the protected annotation counts only in a namespace
+    labelled ``gpumeter.io/protection-allowed: "true"``. A tenant creates its own pods, so the
+    annotation alone would let any tenant exempt itself from preemption; namespaces are
+    cluster objects its operators own."""
+    return asks_protection(annotations) and protection_allowed(namespace_labels)
 
 
 def quota_message(tenant: str, metric: str, detail: str = "") -> str:
     """Contract 6: starts exactly ``gpumeter: tenant <tenant> over <metric> quota``."""
     base = f"gpumeter: tenant {tenant} over {metric} quota"
     return f"{base}: {detail}" if detail else base
-
-
-def namespace_tenant(namespace: Mapping[str, Any]) -> str:
-    """Tenant of a namespace object (``gpumeter.core.kube.tenant_of_namespace``)."""
-    metadata = namespace.get("metadata") or {}
-    return kube.tenant_of_namespace(str(metadata.get("name", "")), metadata.get("labels"))
 
 
 def parse_time(text: Any) -> datetime | None:
@@ -307,8 +316,10 @@ def eviction_class(pod_metadata: Mapping[str, Any], node_labels: Mapping[str, st
     return node_type or declared or "on-demand"
 
 
-def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str] | None = None) -> PodView:
-    """A pod object (API JSON) as a PodView; ``tenant`` comes from its namespace."""
+def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str] | None = None,
+             namespace_labels: Mapping[str, Any] | None = None) -> PodView:
+    """A pod object (API JSON) as a PodView; ``tenant`` and ``namespace_labels`` come from its
+    namespace (the labels decide whether its protected annotation counts)."""
     metadata = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -326,7 +337,7 @@ def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str]
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         started_at=parse_time(status.get("startTime")),
         created_at=parse_time(metadata.get("creationTimestamp")),
-        protected=is_protected(annotations),
+        protected=is_protected(annotations, namespace_labels),
         capacity_type=eviction_class(metadata, node_labels),
         deleting=metadata.get("deletionTimestamp") is not None,
         notice=parse_notice(notice_text),
@@ -343,6 +354,16 @@ def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str]
     )
 
 
-def namespace_tenants(namespaces: Iterable[Mapping[str, Any]]) -> dict[str, str]:
-    """Namespace name -> tenant, for namespace objects as listed."""
-    return {str((ns.get("metadata") or {}).get("name", "")): namespace_tenant(ns) for ns in namespaces}
+def namespace_labels(namespaces: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """Namespace name -> its labels, for namespace objects as listed."""
+    out: dict[str, dict[str, str]] = {}
+    for ns in namespaces:
+        metadata = ns.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        out[str(metadata.get("name", ""))] = {str(k): str(v) for k, v in labels.items() if isinstance(v, str)}
+    return out
+
+
+def tenants_of(labels_by_namespace: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """Namespace name -> tenant (``gpumeter.core.kube.tenant_of_namespace``), from ``namespace_labels``."""
+    return {name: kube.tenant_of_namespace(name, labels) for name, labels in labels_by_namespace.items()}

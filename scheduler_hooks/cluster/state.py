@@ -14,6 +14,17 @@ What is kept (contract 4, 6 and 8):
   sets that metric's limit (a removed limit blocks nothing, as in ``quota.accounting``).
   Event ids are deterministic, so an event seen before (a replay) is ignored: a republished
   old ``exceeded`` cannot undo a later ``recovered``.
+- trust (contract 4, amendment "trust"): neither kind of event is taken on its word. The open
+  ``exceeded`` of a scope and the latest ``recovered`` after it are both kept, and whether the
+  tenant is blocked is decided from them against the tenants file the hooks hold
+  (``quota.trust.distrust``): an ``exceeded`` whose limit is not the policy's or whose period
+  is not the current one blocks nothing, and a ``recovered`` the file disagrees with (another
+  limit, a period not begun, its own ``used`` still at the limit) unblocks nothing. Both are
+  decided again whenever the fold changes or the tenants file is reloaded, so a ``recovered``
+  that a raised limit caused unblocks as soon as the hooks read the raised limit too. The
+  usage itself is not known here, so a forged ``recovered`` with the policy's limit, a current
+  period and a plausible ``used`` still unblocks; the actuator decides evictions with the same
+  rule, and the quota worker's next crossing (a new id) blocks again.
 - ``max_gpus`` limits from the tenants file, for tenants whose ``on_exceed`` is ``block`` or
   ``preempt`` only: ``notify`` means the quota is reported, never enforced. GPUs held = Σ the
   GPU requests of the tenant's pods bound to a node and not finished (what the scheduler
@@ -21,7 +32,10 @@ What is kept (contract 4, 6 and 8):
 - namespaces -> tenant, pods' capacity type (the node's, else the pod's declared one) and GPU
   requests by the rules of ``gpumeter.core.kube``, the agent's.
 - pods: GPUs, node, priority, capacity type, the
-  protected annotation and start time; what preemption and victim order need.
+  protected annotation and start time; what preemption and victim order need. The annotation
+  protects a pod only in a namespace labelled ``gpumeter.io/protection-allowed: "true"``
+  (``kube_objects.is_protected``): the namespace watch keeps the set of those namespaces, and
+  a label added or removed there re-reads its pods.
 - placement: topology and allocation records in a ``PlacementIndex``. The allocation the index
   sees is the agent's last record, minus pods watched gone since, plus pods bound to the node
   that the record does not list yet, on the GPUs the device plugin would give them (the best
@@ -36,7 +50,8 @@ becoming ready the placement fit tables of the common GPU counts are built (``wa
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -46,8 +61,10 @@ from gpumeter.core import kube
 from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantsFile
+from quota.periods import period_end
+from quota.trust import distrust
 from scheduler_hooks.cluster.kube_json import WireError, gpu_count, pod_gpus
-from scheduler_hooks.cluster.kube_objects import is_protected
+from scheduler_hooks.cluster.kube_objects import asks_protection, protection_allowed
 from scheduler_hooks.cluster.placement import (
     NodeGpus,
     PlacementIndex,
@@ -84,7 +101,7 @@ class WatchedPod:
     node: str  # "" until bound
     gpus: int
     priority: int = 0
-    protected: bool = False
+    asks_protection: bool = False  # annotated protected; counts only where its namespace allows
     capacity_hint: str | None = None  # the pod's own gpumeter.io/capacity-type (loses to the node)
     started_at: datetime | None = None
     terminal: bool = False
@@ -139,7 +156,7 @@ def watched_pod(obj: Mapping[str, Any]) -> WatchedPod | None:
         node=node if isinstance(node, str) else "",
         gpus=gpus,
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-        protected=is_protected(annotations),
+        asks_protection=asks_protection(annotations),
         capacity_hint=kube.declared_capacity_type(meta),
         started_at=_time(status.get("startTime")),
         terminal=status.get("phase") in TERMINAL_PHASES,
@@ -161,13 +178,29 @@ def watched_node(obj: Mapping[str, Any]) -> WatchedNode | None:
     return WatchedNode(name, kube.capacity_type_of_node(_labels(meta.get("labels"))), gpus)
 
 
-def namespace_tenant(obj: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(namespace, its tenant by ``gpumeter.core.kube.tenant_of_namespace``); None without a name."""
+def _period_over(key: str, now: datetime) -> bool:
+    try:
+        return period_end(key) <= now
+    except ValueError:
+        return True  # not a period: never trusted, nothing to keep
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedNamespace:
+    name: str
+    tenant: str
+    protection_allowed: bool = False
+
+
+def watched_namespace(obj: Mapping[str, Any]) -> WatchedNamespace | None:
+    """A namespace as kept: its tenant by ``gpumeter.core.kube.tenant_of_namespace`` and whether
+    protection counts there; None without a name."""
     meta = _mapping(obj.get("metadata"))
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         return None
-    return name, kube.tenant_of_namespace(name, _labels(meta.get("labels")))
+    labels = _labels(meta.get("labels"))
+    return WatchedNamespace(name, kube.tenant_of_namespace(name, labels), protection_allowed(labels))
 
 
 # -- the state ---------------------------------------------------------------------------------
@@ -200,11 +233,17 @@ class ClusterView:
     gpus_held: Mapping[str, Decimal] = field(default_factory=dict)  # tenant -> GPUs held now
     namespace_tenants: Mapping[str, str] = field(default_factory=dict)  # from the namespace label
     pods: Mapping[str, KnownPod] = field(default_factory=dict)  # uid -> pod
+    # Namespaces labelled gpumeter.io/protection-allowed: "true"
+    protection_namespaces: AbstractSet[str] = field(default_factory=frozenset)
 
     def tenant_of(self, namespace: str) -> str:
         """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
         tenant = self.namespace_tenants.get(namespace)
         return tenant if tenant is not None else kube.tenant_of_namespace(namespace)
+
+    def protected(self, namespace: str, annotations: Mapping[str, str]) -> bool:
+        """A pod of ``namespace`` with these annotations is protected (``is_protected``)."""
+        return namespace in self.protection_namespaces and asks_protection(annotations)
 
     def over_quota(self, tenant: str) -> bool:
         """Blocked on any metric, or holding more GPUs than its max_gpus."""
@@ -217,13 +256,16 @@ class ClusterView:
 class HooksState:
     """Quota, tenants, pods and placement as the policy reads them (module docstring)."""
 
-    def __init__(self, tenants: TenantsFile | None = None) -> None:
+    def __init__(self, tenants: TenantsFile | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.clock = clock  # "now" for the trust check's current period
         self.placement = PlacementIndex()
         self.blocked: dict[str, str] = {}
         self.max_gpus: dict[str, Decimal] = {}
         self.gpus_held: dict[str, Decimal] = {}
         self.namespace_tenants: dict[str, str] = {}
         self.pods: dict[str, KnownPod] = {}
+        self.protection_namespaces: set[str] = set()
         self.view = ClusterView(
             placement=self.placement,
             blocked=self.blocked,
@@ -231,9 +273,11 @@ class HooksState:
             gpus_held=self.gpus_held,
             namespace_tenants=self.namespace_tenants,
             pods=self.pods,
+            protection_namespaces=self.protection_namespaces,
         )
         self._tenants = TenantsFile()
         self._exceeded: dict[str, dict[tuple[str, str], QuotaEvent]] = {}
+        self._recovered: dict[str, dict[tuple[str, str], QuotaEvent]] = {}  # the latest after each exceeded
         self._seen_events: set[str] = set()
         self._watched: dict[str, WatchedPod] = {}
         self._by_namespace: dict[str, set[str]] = {}
@@ -282,7 +326,7 @@ class HooksState:
             if policy.max_gpus is not None:
                 self.max_gpus[policy.tenant] = policy.max_gpus
         for tenant in list(self._exceeded) + list(self.blocked):
-            self._refresh_blocked(tenant)
+            self._refresh_blocked(tenant)  # the trust check too: limits may have changed
 
     def apply_quota_event(self, event: QuotaEvent) -> bool:
         """Fold one event; False when it was seen before (replays) or changes nothing."""
@@ -292,43 +336,69 @@ class HooksState:
         self.quota_events += 1
         if event.level == "warning":
             return False
-        scope = HELD_SCOPE if event.metric == "max_gpus" else event.period
-        open_crossings = self._exceeded.setdefault(event.tenant, {})
+        key = (event.metric, HELD_SCOPE if event.metric == "max_gpus" else event.period)
+        opened = self._exceeded.get(event.tenant, {})
+        recovered = self._recovered.setdefault(event.tenant, {})
         if event.level == "exceeded":
-            open_crossings[(event.metric, scope)] = event
-        else:
-            open_crossings.pop((event.metric, scope), None)
-        if not open_crossings:
-            del self._exceeded[event.tenant]
+            self._exceeded.setdefault(event.tenant, {})[key] = event
+            recovered.pop(key, None)
+        elif key in opened:
+            recovered[key] = event  # it cancels the exceeded only if the tenants file agrees
+        self._forget_past(event.tenant)
         self._refresh_blocked(event.tenant)
         return True
 
+    def _forget_past(self, tenant: str) -> None:
+        """Drop crossings of periods that are over: they block nothing again (the trust check
+        wants the current period), so the fold keeps only what can still matter."""
+        now = self.clock()
+        opened, recovered = self._exceeded.get(tenant, {}), self._recovered.get(tenant, {})
+        for key in [k for k, e in opened.items() if _period_over(e.period, now)]:
+            del opened[key]
+            recovered.pop(key, None)
+        for table in (self._exceeded, self._recovered):
+            if not table.get(tenant, True):
+                del table[tenant]
+
     def exceeded(self, tenant: str) -> list[QuotaEvent]:
-        """The tenant's open ``exceeded`` events (whatever its on_exceed), metric order."""
-        events = self._exceeded.get(tenant, {}).values()
+        """The tenant's ``exceeded`` events that no trusted ``recovered`` cancelled (whatever
+        its on_exceed), metric order."""
+        policy, now = self._tenants.policy(tenant), self.clock()
+        recovered = self._recovered.get(tenant, {})
+        events = [event for key, event in self._exceeded.get(tenant, {}).items()
+                  if key not in recovered or distrust(recovered[key], policy, now) is not None]
         return sorted(events, key=lambda e: (METRIC_ORDER.index(e.metric), e.period))
 
     def _refresh_blocked(self, tenant: str) -> None:
         policy = self._tenants.policy(tenant)
         metric = None
         if policy is not None and policy.on_exceed in BLOCKING:
-            limits = {"gpu_hours": policy.gpu_hours, "spend": policy.spend, "max_gpus": policy.max_gpus}
-            open_metrics = {m for m, _ in self._exceeded.get(tenant, {})}
-            metric = next((m for m in METRIC_ORDER if m in open_metrics and limits[m] is not None), None)
+            now = self.clock()
+            # distrust also refuses an exceeded of a metric whose limit the file removed.
+            open_metrics = {e.metric for e in self.exceeded(tenant) if distrust(e, policy, now) is None}
+            metric = next((m for m in METRIC_ORDER if m in open_metrics), None)
         if metric is None:
             self.blocked.pop(tenant, None)
         else:
             self.blocked[tenant] = metric
 
     # -- namespaces --------------------------------------------------------------------------
-    def upsert_namespace(self, name: str, tenant: str | None) -> None:
+    def upsert_namespace(self, name: str, tenant: str | None, protection_allowed: bool = False) -> None:
         before = self.view.tenant_of(name)
+        allowed_before = name in self.protection_namespaces
         if tenant is None:
             self.namespace_tenants.pop(name, None)
         else:
             self.namespace_tenants[name] = tenant
+        if protection_allowed:
+            self.protection_namespaces.add(name)
+        else:
+            self.protection_namespaces.discard(name)
         after = self.view.tenant_of(name)
         if after == before:
+            if allowed_before != protection_allowed:
+                for uid in self._by_namespace.get(name, ()):
+                    self._index_known(self._watched[uid])
             return
         held = self._held_by_namespace.get(name, 0)
         if held:
@@ -340,12 +410,16 @@ class HooksState:
     def delete_namespace(self, name: str) -> None:
         self.upsert_namespace(name, None)
 
-    def replace_namespaces(self, namespaces: Iterable[tuple[str, str | None]]) -> None:
-        fresh = dict(namespaces)
-        for name in [n for n in self.namespace_tenants if n not in fresh]:
+    def upsert_watched_namespace(self, namespace: WatchedNamespace) -> None:
+        self.upsert_namespace(namespace.name, namespace.tenant, namespace.protection_allowed)
+
+    def replace_namespaces(self, namespaces: Iterable[WatchedNamespace]) -> None:
+        fresh = {ns.name: ns for ns in namespaces}
+        known = set(self.namespace_tenants) | self.protection_namespaces
+        for name in [n for n in known if n not in fresh]:
             self.delete_namespace(name)
-        for name, tenant in fresh.items():
-            self.upsert_namespace(name, tenant)
+        for namespace in fresh.values():
+            self.upsert_watched_namespace(namespace)
 
     # -- nodes -------------------------------------------------------------------------------
     def upsert_node(self, node: WatchedNode) -> None:
@@ -446,7 +520,7 @@ class HooksState:
             gpus=Decimal(pod.gpus),
             capacity_type=capacity,
             priority=pod.priority,
-            protected=pod.protected,
+            protected=pod.asks_protection and pod.namespace in self.protection_namespaces,
             started_at=pod.started_at,
         )
 

@@ -13,6 +13,9 @@ Decisions where the contracts are silent:
 - Refusal by quota comes before node fit: a refused pod gets every node unresolvable and no
   preemption; the max_gpus check refuses when ``held + requested > limit`` (reaching the
   limit exactly is allowed).
+- Protected: a pod annotated ``gpumeter.io/protected: "true"`` in a namespace labelled
+  ``gpumeter.io/protection-allowed: "true"`` (contract 4, amendment "trust"); in any other
+  namespace the annotation is a tenant's own say-so and the pod is a victim like any other.
 - Preemption (kube): a node whose victims include a protected pod is dropped whole, because
   the scheduler's victim set is already minimal (after reprieve), so evicting the others
   alone would not make room. Among the remaining nodes, when some need only preferred
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import cast
 
-from scheduler_hooks.cluster.kube_objects import QUEUE_PREFIX, is_protected, quota_message
+from scheduler_hooks.cluster.kube_objects import QUEUE_PREFIX, quota_message
 
 # capacity_message (the filter's FailedNodes reason) is worded where the fit tables store it.
 from scheduler_hooks.cluster.placement import NEUTRAL_SCORE, FitTable
@@ -55,10 +58,6 @@ class PodRequest:
     gpus: int = 0
     priority: int = 0
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
-
-    @property
-    def protected(self) -> bool:
-        return is_protected(self.annotations)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +166,12 @@ class Policy:
 
     # -- victims ---------------------------------------------------------------------------
     def protected(self, victim: Victim) -> bool:
+        """The watched pod is protected, or the pod as the wire showed it (annotated, in a
+        namespace labelled gpumeter.io/protection-allowed: "true")."""
         known = self.view.pods.get(victim.uid)
-        return (known is not None and known.protected) or (victim.pod is not None and victim.pod.protected)
+        if known is not None and known.protected:
+            return True
+        return victim.pod is not None and self.view.protected(victim.pod.namespace, victim.pod.annotations)
 
     def preferred(self, victim: Victim) -> bool:
         """Spot pods and pods of tenants over quota go first."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeT
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
+from quota.periods import period_key, period_start
 from scheduler_hooks.cluster.feeds import KafkaFeed
 from testkit.live_hooks import LiveHooks
 from tests.services import Endpoints, delete_topics
@@ -38,10 +39,17 @@ TENANTS = TenantsFile(tenants=[
 eventually = functools.partial(polling.eventually, interval=0.1)
 
 
-def event(tenant: str, metric: str, level: str, period: str = "2026-11", n: int = 0) -> QuotaEvent:
+# Quota events the hooks trust (contract 4, amendment "trust"): the policy's limit, this month.
+THIS_MONTH = period_key(datetime.now(UTC), "month")
+LAST_MONTH = period_key(period_start(THIS_MONTH) - timedelta(days=1), "month")
+
+
+def event(tenant: str, metric: str, level: str, period: str = THIS_MONTH, n: int = 0) -> QuotaEvent:
+    policy = TENANTS.policy(tenant)
+    limit = getattr(policy, metric) if policy is not None else None
     return QuotaEvent(event_id=f"{tenant}|{metric}|{period}|{level}|{n}", tenant=tenant, metric=metric,
-                      level=level, threshold="1" if level != "warning" else "0.8", used="1", limit="1",
-                      period=period, at=AT)
+                      level=level, threshold="1" if level != "warning" else "0.8", used="1",
+                      limit=str(limit if limit is not None else 1), period=period, at=AT)
 
 
 def topology(node: str) -> NodeTopology:
@@ -93,10 +101,10 @@ def test_state_is_the_fold_of_the_topics_and_ready_once_read_to_their_end(
     publisher.send(quota, "team-a", event("team-a", "spend", "exceeded"))
     # team-b: exceeded in October, recovered by the new period; a replay republishes the old
     # exceeded (same event_id): it must not block again.
-    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "exceeded", "2026-10"))
-    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "recovered", "2026-10"))
-    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "exceeded", "2026-10"))
-    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "warning", "2026-11"))
+    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "exceeded", LAST_MONTH))
+    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "recovered", LAST_MONTH))
+    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "exceeded", LAST_MONTH))
+    publisher.send(quota, "team-b", event("team-b", "gpu_hours", "warning", THIS_MONTH))
     # team-n is over, but only notified.
     publisher.send(quota, "team-n", event("team-n", "gpu_hours", "exceeded"))
     publisher.send(quota, "team-z", b"{not json")  # rejected, counted, skipped
@@ -119,7 +127,7 @@ def test_state_is_the_fold_of_the_topics_and_ready_once_read_to_their_end(
         assert feed.rejected == 1
 
         # Live updates after the replay.
-        publisher.send(quota, "team-b", event("team-b", "gpu_hours", "exceeded", "2026-11"))
+        publisher.send(quota, "team-b", event("team-b", "gpu_hours", "exceeded", THIS_MONTH))
         publisher.send(quota, "team-a", event("team-a", "spend", "recovered"))
         publisher.send(topics.ALLOCATION, "n1", None)
         publisher.flush()

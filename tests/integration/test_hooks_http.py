@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
+from quota.periods import period_key
 from scheduler_hooks.cluster.state import WatchedNode, WatchedPod
 from scheduler_hooks.extender.server import MAX_BODY_BYTES, server_ssl_context
 from testkit.live_hooks import LiveHooks
@@ -55,7 +56,11 @@ def allocation(node: str, *indices: int) -> NodeAllocation:
     return NodeAllocation(cluster="c", node=node, assignments=[assignment], at=AT)
 
 
-def quota_event(tenant: str, metric: str, level: str, period: str = "2026-11") -> QuotaEvent:
+# This month: the hooks trust only a quota event of the current period (contract 4, "trust").
+THIS_MONTH = period_key(datetime.now(UTC), "month")
+
+
+def quota_event(tenant: str, metric: str, level: str, period: str = THIS_MONTH) -> QuotaEvent:
     return QuotaEvent(
         event_id=f"{tenant}-{metric}-{level}-{period}",
         tenant=tenant,
@@ -89,7 +94,9 @@ def load(state: Any) -> None:
     state.upsert_node(WatchedNode("od-2", None, 8))
     state.upsert_pod(WatchedPod("v-spot", "team-a", "w-spot", "spot-1", 1, priority=10))
     state.upsert_pod(WatchedPod("v-od", "team-a", "w-od", "od-1", 1, priority=5))
-    state.upsert_pod(WatchedPod("v-prot", "team-a", "w-prot", "od-2", 1, protected=True))
+    # Protection counts in team-a: it is labelled gpumeter.io/protection-allowed: "true".
+    state.upsert_namespace("team-a", "team-a", protection_allowed=True)
+    state.upsert_pod(WatchedPod("v-prot", "team-a", "w-prot", "od-2", 1, asks_protection=True))
     state.upsert_pod(WatchedPod("m-held", "team-m", "held", "od-1", 3))  # team-m holds 3 of 4
 
 

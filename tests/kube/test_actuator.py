@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,19 @@ from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
-from gpumeter.core.kube import BLOCKED_ON_ANNOTATION, CAPACITY_TYPE_LABEL, EVICTION_NOTICE_ANNOTATION
+from gpumeter.core.kube import (
+    BLOCKED_ON_ANNOTATION,
+    CAPACITY_TYPE_LABEL,
+    EVICTION_NOTICE_ANNOTATION,
+    PROTECTION_ALLOWED_LABEL,
+)
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import PREEMPTIONS, QUOTA_EVENTS
 from gpumeter.infra import clickhouse, kafka
+from quota.periods import period_key, period_start
 from scheduler_hooks.actuator.kube_gateway import KubeGateway
-from scheduler_hooks.actuator.service import Actuator
+from scheduler_hooks.actuator.service import BATCH, MAX_IN_FLIGHT, Actuator
 from scheduler_hooks.actuator.tenants_source import TenantsSource
 from scheduler_hooks.cluster.kube_objects import parse_notice
 from testkit.kube_cluster import (
@@ -71,8 +78,11 @@ class Cluster:
     hooks_api: k8s.ApiClient  # authenticated as the hooks ServiceAccount
     created: list[Callable[[], object]] = field(default_factory=list)
 
-    def namespace(self, name: str, tenant_label: str | None = None) -> str:
-        labels = {"gpumeter.io/tenant": tenant_label} if tenant_label else None
+    def namespace(self, name: str, tenant_label: str | None = None, *,
+                  protection_allowed: bool = False) -> str:
+        labels = {"gpumeter.io/tenant": tenant_label} if tenant_label else {}
+        if protection_allowed:  # gpumeter.io/protected counts here (contract 4, amendment "trust")
+            labels[PROTECTION_ALLOWED_LABEL] = "true"
         self.core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=labels)))
         self.created.append(lambda: self.core.delete_namespace(name))
         wait_for_default_service_account(self.api, name)
@@ -297,6 +307,10 @@ def write_tenants(path: Path, tenants: list[dict[str, Any]]) -> Path:
     return path
 
 
+# The actuator acts on quota events of the current period only (contract 4, amendment "trust").
+THIS_MONTH = period_key(datetime.now(UTC), "month")
+
+
 def quota_event(tenant: str, metric: str, level: str, limit: str, used: str) -> QuotaEvent:
     return QuotaEvent(
         event_id=secrets.token_hex(32),
@@ -306,7 +320,7 @@ def quota_event(tenant: str, metric: str, level: str, limit: str, used: str) -> 
         threshold="1",
         used=used,
         limit=limit,
-        period="2026-11",
+        period=THIS_MONTH,
         at=datetime.now(UTC),
     )
 
@@ -392,7 +406,7 @@ def test_gpu_hours_preemption_of_one_tenant_with_pdb_queue_and_replays(
     node_0, node_1 = gpu_nodes(2, gpus_per_node=8)
     low = cluster.priority_class(-10)
     # Tenant A by namespace label, tenant B by namespace name: both rules of contract 6.
-    ns_a = cluster.namespace(f"a-{tag}", tenant_label=team_a)
+    ns_a = cluster.namespace(f"a-{tag}", tenant_label=team_a, protection_allowed=True)
     ns_b = cluster.namespace(team_b)
     spot = {CAPACITY_TYPE_LABEL: "spot"}
     cluster.pod(ns_a, "spot", node=node_0, labels=spot)
@@ -474,7 +488,7 @@ def test_gpu_hours_preemption_of_one_tenant_with_pdb_queue_and_replays(
         )
         eventually(lambda: cluster.gone(ns_a, "budgeted"), "budgeted evicted once its budget allows")
 
-        recovered = quota_event(team_a, "gpu_hours", "recovered", limit="20.000000", used="10.250000")
+        recovered = quota_event(team_a, "gpu_hours", "recovered", limit="10.000000", used="9.500000")
         publish(settings, recovered)
         eventually(
             lambda: (cluster.queue(queue_a) or {}).get("status", {}).get("state") == "Open", "queue reopened"
@@ -564,21 +578,24 @@ def test_dry_run_records_every_decision_and_changes_nothing(
     ns = cluster.namespace(team)
     for name in ("d-1", "d-2"):
         cluster.pod(ns, name, node=node)
-    for name in ("d-1", "d-2"):
+    # Annotated protected by the tenant, in a namespace not labelled to allow it: a victim.
+    cluster.pod(ns, "d-3", node=node, annotations={"gpumeter.io/protected": "true"})
+    for name in ("d-1", "d-2", "d-3"):
         eventually(functools.partial(cluster.running, ns, name), f"{name} Running")
     watch = PodWatch(cluster.core, [ns])
     try:
         start_actuator(tenants, dry_run=True)
         publish(settings, quota_event(team, "spend", "exceeded", limit="100.00", used="104.20"))
         eventually(lambda: handled_everything(settings), "event committed")
-        for name in ("d-1", "d-2"):
+        for name in ("d-1", "d-2", "d-3"):
             assert watch.noticed(ns, name) == []
             assert cluster.alive(ns, name)
             assert EVICTION_NOTICE_ANNOTATION not in cluster.annotations(ns, name)
     finally:
         watch.close()
     assert cluster.queue(f"gpumeter-{team}") is None  # not even created in a dry run
-    assert decisions(settings) == {("d-1", "dry_run"), ("d-2", "dry_run"), (f"gpumeter-{team}", "dry_run")}
+    assert decisions(settings) == {("d-1", "dry_run"), ("d-2", "dry_run"), ("d-3", "dry_run"),
+                                   (f"gpumeter-{team}", "dry_run")}
 
 
 def test_spot_pods_make_room_for_a_pod_that_may_not_run_on_spot(
@@ -683,7 +700,7 @@ def test_usage_through_the_real_worker_crosses_gpu_hours_and_evicts_through_a_wo
     )
     settings.tenants = tenants
     [node] = gpu_nodes(1, gpus_per_node=8)
-    ns_a, ns_b = cluster.namespace(team_a), cluster.namespace(team_b)
+    ns_a, ns_b = cluster.namespace(team_a, protection_allowed=True), cluster.namespace(team_b)
     for namespace, name, extra in [
         (ns_a, "a-1", {}),
         (ns_a, "a-2", {}),
@@ -693,7 +710,7 @@ def test_usage_through_the_real_worker_crosses_gpu_hours_and_evicts_through_a_wo
         cluster.pod(namespace, name, node=node, annotations=extra)
         eventually(functools.partial(cluster.running, namespace, name), f"{name} Running")
     watch = PodWatch(cluster.core, [ns_a, ns_b])
-    month = datetime(2026, 11, 10, tzinfo=UTC)
+    month = period_start(THIS_MONTH)  # usage of the current period: the quota events' period
     try:
         start_actuator(tenants)
         first = worker_factory(settings, "first")
@@ -785,7 +802,7 @@ def test_notices_called_off_by_hand_or_by_recovery_are_not_evicted(
     for namespace, name in [(ns_h, "kept"), (ns_h, "gone"), (ns_p, "waiting")]:
         cluster.pod(namespace, name, node=node)
         eventually(functools.partial(cluster.running, namespace, name), f"{name} Running")
-    start_actuator(tenants)
+    running = start_actuator(tenants)
 
     def noticed(namespace: str, name: str) -> bool:
         return EVICTION_NOTICE_ANNOTATION in cluster.annotations(namespace, name)
@@ -809,8 +826,20 @@ def test_notices_called_off_by_hand_or_by_recovery_are_not_evicted(
     # Its deadline has passed as well: re-read before evicting, the missing notice stopped it.
     assert cluster.alive(ns_h, "kept") and not noticed(ns_h, "kept")
 
-    # The other tenant recovers within its grace period: the notice is withdrawn.
-    publish(settings, quota_event(patient, "max_gpus", "recovered", limit="1", used="1"))
+    # The other tenant recovers within its grace period (its limit raised to 2, the actuator
+    # reads the raised limit first): the notice is withdrawn.
+    write_tenants(tenants, [
+        {"tenant": hasty, "gpu_hours": "1", "on_exceed": "preempt", "grace_seconds": 15},
+        {"tenant": patient, "max_gpus": "2", "on_exceed": "preempt", "grace_seconds": 600},
+    ])
+    raised = Decimal(2)
+
+    def reloaded() -> bool:
+        policy = running.actuator.tenants.current().policy(patient)
+        return policy is not None and policy.max_gpus == raised
+
+    eventually(reloaded, "the raised limit read by the actuator")
+    publish(settings, quota_event(patient, "max_gpus", "recovered", limit="2", used="1"))
     eventually(lambda: not noticed(ns_p, "waiting"), "notice withdrawn on recovery")
     eventually(lambda: handled_everything(settings), "events handled")
     assert cluster.alive(ns_p, "waiting")
@@ -823,3 +852,43 @@ def test_notices_called_off_by_hand_or_by_recovery_are_not_evicted(
         (f"gpumeter-{patient}", "queue_closed"),
         (f"gpumeter-{patient}", "queue_opened"),
     }
+
+
+def test_an_exceeded_cancelled_far_later_in_the_backlog_evicts_nobody(
+    settings: Settings,
+    cluster: Cluster,
+    gpu_nodes: CreateGpuNodes,
+    start_actuator: Callable[..., ActuatorThread],
+    tmp_path: Path,
+) -> None:
+    """Contract 4, amendment "trust": the recovery is further after the crossing on the
+    tenant's partition than the consumer ever reads ahead of handling (MAX_IN_FLIGHT: the
+    tenant's events are handled in order, so the crossing is decided before the consumer can
+    fetch the recovery), with the actuator down while both were published."""
+    team = f"tk-{secrets.token_hex(3)}"
+    cluster.forget_queues(team)
+    tenants = write_tenants(
+        tmp_path / "tenants.yaml",
+        [{"tenant": team, "gpu_hours": "10", "spend": "100.00", "on_exceed": "preempt", "grace_seconds": 0}],
+    )
+    [node] = gpu_nodes(1, gpus_per_node=2)
+    ns = cluster.namespace(team)
+    cluster.pod(ns, "worker", node=node)
+    eventually(lambda: cluster.running(ns, "worker"), "worker Running")
+    exceeded = quota_event(team, "gpu_hours", "exceeded", limit="10.000000", used="10.500000")
+    between = [
+        quota_event(team, "spend", "warning", limit="100.00", used="80.00")
+        for _ in range(MAX_IN_FLIGHT + BATCH)
+    ]
+    recovered = quota_event(team, "gpu_hours", "recovered", limit="10.000000", used="9.000000")
+    publish(settings, exceeded, *between, recovered)
+    watch = PodWatch(cluster.core, [ns])
+    try:
+        start_actuator(tenants)
+        eventually(lambda: handled_everything(settings), "the backlog handled", timeout=120)
+        assert watch.noticed(ns, "worker") == []
+        assert cluster.alive(ns, "worker")
+    finally:
+        watch.close()
+    # The queue follows the crossing and its recovery; no pod was noticed or evicted.
+    assert decisions(settings) <= {(f"gpumeter-{team}", "queue_closed"), (f"gpumeter-{team}", "queue_opened")}

@@ -33,6 +33,7 @@ from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeT
 from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from gpumeter.infra import kafka as gkafka
+from quota.periods import period_key
 from scheduler_hooks.cluster.feeds import kube_feeds
 from testkit.kube_cluster import Kube, free_port
 from testkit.live_hooks import LiveHooks
@@ -46,6 +47,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_CONFIG = REPO / "deploy" / "hooks" / "kube-scheduler-config.yaml"
 WAIT_S = 90.0
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
+# The hooks trust a quota event of the current period only (contract 4, amendment "trust").
+THIS_MONTH = period_key(datetime.now(UTC), "month")
 TENANTS = TenantsFile(tenants=[TenantPolicy(tenant="team-blocked", gpu_hours=Decimal(10), on_exceed="block")])
 
 
@@ -143,7 +146,7 @@ def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(
         threshold="1",
         used="10.5",
         limit="10",
-        period="2026-11",
+        period=THIS_MONTH,
         at=AT,
     )
     extender.call(lambda: extender.state.apply_quota_event(exceeded))
@@ -157,7 +160,8 @@ def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(
     assert bound_node(core, kube_namespace, "trainer") is None
 
     # The same pod schedules once the tenant recovers: the refusal was ours, nothing else.
-    recovered = exceeded.model_copy(update={"event_id": "e2e-recovered", "level": "recovered"})
+    recovered = exceeded.model_copy(update={"event_id": "e2e-recovered", "level": "recovered",
+                                            "used": Decimal("9.5")})
     extender.call(lambda: extender.state.apply_quota_event(recovered))
     # Pods refused by an extender go back to the queue on any cluster event: a node update.
     core.patch_node(nodes[0], {"metadata": {"labels": {"gpumeter.io/nudge": "1"}}})
@@ -262,7 +266,7 @@ def test_gpumeter_hooks_process_answers_from_kafka_and_the_cluster(
         threshold="1",
         used="1.5",
         limit="1",
-        period="2026-11",
+        period=THIS_MONTH,
         at=AT,
     )
     producer = gkafka.make_producer(settings.kafka)

@@ -90,7 +90,7 @@ async def serve(settings: Settings, *, dry_run: bool, stop: asyncio.Event | None
 
     from scheduler_hooks.actuator.service import Actuator
 
-    actuator = Actuator.from_settings(settings, dry_run=dry_run)
+    actuator = Actuator.from_settings(settings, dry_run=dry_run, registry=server.metrics.registry)
     tasks = [
         asyncio.create_task(actuator.run(stop), name="actuator"),
         asyncio.create_task(_announce_ready(state, stop, freeze_heap), name="readiness"),

@@ -11,10 +11,8 @@ from typing import Any
 import pytest
 
 from collectors.agent.podmeta import pod_info
-from scheduler_hooks.cluster.kube_objects import namespace_tenant as actuator_tenant
-from scheduler_hooks.cluster.kube_objects import node_view, pod_view
-from scheduler_hooks.cluster.state import namespace_tenant as extender_tenant
-from scheduler_hooks.cluster.state import watched_node, watched_pod
+from scheduler_hooks.cluster.kube_objects import namespace_labels, node_view, pod_view, tenants_of
+from scheduler_hooks.cluster.state import HooksState, watched_namespace, watched_node, watched_pod
 from scheduler_hooks.extender.wire_kube import pod_request
 
 GPU = "nvidia.com/gpu"
@@ -75,5 +73,36 @@ def test_the_tenant_of_a_namespace_is_the_agents_everywhere(
     namespace = {"metadata": {"name": name, "labels": labels}}
     pod = {"metadata": {"namespace": name, "name": "p", "uid": "u-1"}, "spec": {}}
     assert pod_info(pod, labels).tenant == tenant  # agent
-    assert extender_tenant(namespace) == (name, tenant)  # extender
-    assert actuator_tenant(namespace) == tenant  # actuator
+    watched = watched_namespace(namespace)
+    assert watched is not None and (watched.name, watched.tenant) == (name, tenant)  # extender
+    assert tenants_of(namespace_labels([namespace])) == {name: tenant}  # actuator
+
+
+@pytest.mark.parametrize(
+    ("namespace_labels_", "annotations", "protected"),
+    [
+        pytest.param({"gpumeter.io/protection-allowed": "true"}, {"gpumeter.io/protected": "true"}, True,
+                     id="allowed-namespace"),
+        pytest.param({}, {"gpumeter.io/protected": "true"}, False, id="unlabelled-namespace"),
+        pytest.param({"gpumeter.io/protection-allowed": "True"}, {"gpumeter.io/protected": "true"}, False,
+                     id="label-value-is-exact"),
+        pytest.param({"gpumeter.io/protection-allowed": "false"}, {"gpumeter.io/protected": "true"}, False,
+                     id="label-false"),
+        pytest.param({"gpumeter.io/protection-allowed": "true"}, {}, False, id="not-annotated"),
+    ],
+)
+def test_a_pod_is_protected_alike_for_the_extender_and_the_actuator(
+    namespace_labels_: dict[str, str], annotations: dict[str, str], protected: bool
+) -> None:
+    namespace = {"metadata": {"name": "ns-1", "labels": namespace_labels_}}
+    pod = {"metadata": {"namespace": "ns-1", "name": "p", "uid": "u-1", "annotations": annotations},
+           "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+    state = HooksState()
+    watched_ns, watched = watched_namespace(namespace), watched_pod(pod)
+    assert watched_ns is not None and watched is not None
+    state.upsert_watched_namespace(watched_ns)
+    state.upsert_pod(watched)
+    assert state.pods["u-1"].protected is protected  # extender, a watched pod
+    assert state.view.protected("ns-1", annotations) is protected  # extender, a pod on the wire
+    labels = namespace_labels([namespace])["ns-1"]
+    assert pod_view(pod, "ns-1", None, labels).protected is protected  # actuator

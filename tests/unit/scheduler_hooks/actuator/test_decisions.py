@@ -27,7 +27,7 @@ from scheduler_hooks.actuator.kube_gateway import (
     withdraw_patch,
 )
 from scheduler_hooks.actuator.offsets import OffsetTracker
-from scheduler_hooks.actuator.plan import blocked_after, plan_preemption, superseded
+from scheduler_hooks.actuator.plan import Recoveries, blocked_after, plan_preemption
 from scheduler_hooks.actuator.reclaim import excludes_spot, node_allows, plan_spot_reclaim
 from scheduler_hooks.actuator.records import pod_record, queue_record, record_id
 from scheduler_hooks.actuator.tenants_source import TenantsSource
@@ -37,10 +37,11 @@ from scheduler_hooks.cluster.kube_objects import (
     Notice,
     PodView,
     Taint,
-    namespace_tenant,
+    namespace_labels,
     node_view,
     parse_notice,
     pod_view,
+    tenants_of,
 )
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -115,15 +116,26 @@ def pod_json(
     return {"metadata": metadata, "spec": spec, "status": status}
 
 
+# A namespace where gpumeter.io/protected counts (contract 4, amendment "trust").
+PROTECTION_ALLOWED = {"gpumeter.io/protection-allowed": "true"}
+PROTECT = {"gpumeter.io/protected": "true"}
+
+
 def pod(
     name: str,
     gpus: int | str = 1,
     *,
     tenant: str = TENANT,
     node_labels: dict[str, str] | None = None,
+    namespace_labels: dict[str, str] | None = None,
     **kwargs: Any,
 ) -> PodView:
-    return pod_view(pod_json(name, gpus, **kwargs), tenant, node_labels)
+    return pod_view(pod_json(name, gpus, **kwargs), tenant, node_labels, namespace_labels)
+
+
+def guarded(name: str, gpus: int | str = 1, **kwargs: Any) -> PodView:
+    """Annotated protected in a namespace that allows it."""
+    return pod(name, gpus, annotations=PROTECT, namespace_labels=PROTECTION_ALLOWED, **kwargs)
 
 
 def noticed(
@@ -153,8 +165,9 @@ def event(
     )
 
 
-def policy(on_exceed: str = "preempt", grace: int = 30, tenant: str = TENANT) -> TenantPolicy:
-    return TenantPolicy(tenant=tenant, on_exceed=on_exceed, grace_seconds=grace)
+def policy(on_exceed: str = "preempt", grace: int = 30, tenant: str = TENANT, **limits: str) -> TenantPolicy:
+    return TenantPolicy.model_validate({"tenant": tenant, "on_exceed": on_exceed, "grace_seconds": grace,
+                                        **limits})
 
 
 def names(pods: Any) -> list[str]:
@@ -184,7 +197,7 @@ def names(pods: Any) -> list[str]:
     ],
 )
 def test_namespace_tenant(namespace: dict[str, Any], expected: str) -> None:
-    assert namespace_tenant(namespace) == expected
+    assert tenants_of(namespace_labels([namespace])) == {namespace["metadata"]["name"]: expected}
 
 
 @pytest.mark.parametrize(
@@ -238,7 +251,7 @@ def test_pod_view_reads_the_fields_decisions_use() -> None:
         annotations={"gpumeter.io/protected": "True", **noticed("cause-1")},
         deleting=True,
     )
-    view = pod_view(raw, TENANT)
+    view = pod_view(raw, TENANT, None, PROTECTION_ALLOWED)
     assert (view.namespace, view.name, view.uid, view.node, view.phase) == (
         "ml",
         "trainer",
@@ -311,7 +324,9 @@ EVERYONE = [
     pod("od-new", priority=0, started="2026-11-20T09:00:00Z"),
     pod("spot-high", priority=100, node_labels={"gpumeter.io/capacity-type": "spot"}),
     pod("low", priority=-5),
-    pod("guarded", priority=-100, annotations={"gpumeter.io/protected": "true"}),
+    guarded("guarded", priority=-100),
+    # Annotated, but its namespace does not allow protection: the tenant's own say-so.
+    pod("self-declared", priority=-50, annotations=PROTECT),
     pod("cpu-only", 0),
     pod("unbound", node=None, phase="Pending"),
     pod("done", phase="Succeeded"),
@@ -323,7 +338,7 @@ EVERYONE = [
 def test_period_budgets_evict_every_unprotected_gpu_pod_in_order(metric: str) -> None:
     plan = plan_preemption(event(metric), policy(grace=45), EVERYONE, NOW)
     assert plan is not None
-    assert names(v.pod for v in plan.victims) == ["spot-high", "low", "od-new", "od-old"]
+    assert names(v.pod for v in plan.victims) == ["spot-high", "self-declared", "low", "od-new", "od-old"]
     assert names(plan.protected) == ["guarded"]
     for victim in plan.victims:
         assert not victim.resumed
@@ -362,7 +377,7 @@ MAX_GPUS_CASES = [
     pytest.param(
         # held 6, limit 3: the protected low-priority pod is skipped, then b(2) -> 4, c(1) -> 3.
         [
-            pod("p", 3, priority=-1, annotations={"gpumeter.io/protected": "true"}),
+            guarded("p", 3, priority=-1),
             pod("b", 2),
             pod("c", 1, priority=1),
         ],
@@ -373,11 +388,19 @@ MAX_GPUS_CASES = [
     ),
     pytest.param(
         # held 5, limit 1: everything unprotected goes and it is still not enough.
-        [pod("p", 4, annotations={"gpumeter.io/protected": "true"}), pod("b", 1)],
+        [guarded("p", 4), pod("b", 1)],
         "1",
         ["b"],
         ["p"],
         id="protected-hold-the-rest",
+    ),
+    pytest.param(
+        # The same pods, the annotation in a namespace that does not allow it: p goes first.
+        [pod("p", 3, priority=-1, annotations=PROTECT), pod("b", 2), pod("c", 1, priority=1)],
+        "3",
+        ["p"],
+        [],
+        id="annotation-without-namespace-label-protects-nothing",
     ),
     pytest.param(
         # held 4 (the leaving pod's 2 count as gone already): 2 <= 2, nobody new.
@@ -402,10 +425,29 @@ MAX_GPUS_CASES = [
 def test_max_gpus_evicts_until_within_limit(
     pods: list[PodView], limit: str, victims: list[str], protected: list[str]
 ) -> None:
-    plan = plan_preemption(event("max_gpus", limit=limit), policy(), pods, NOW)
+    plan = plan_preemption(event("max_gpus", limit=limit), policy(max_gpus=limit), pods, NOW)
     assert plan is not None
     assert names(v.pod for v in plan.victims) == victims
     assert names(plan.protected) == protected
+
+
+@pytest.mark.parametrize(
+    ("claimed", "victims"),
+    [
+        # held 2+2+1 = 5, the policy's limit 4: the lowest-priority 1-GPU pod alone is enough.
+        pytest.param("0", ["c"], id="event-claims-a-lower-limit"),
+        pytest.param("100", ["c"], id="event-claims-a-higher-limit"),
+    ],
+)
+def test_max_gpus_counts_against_the_policys_limit_not_the_events(claimed: str, victims: list[str]) -> None:
+    pods = [pod("a", 2, priority=5), pod("b", 2, priority=3), pod("c", 1, priority=1)]
+    plan = plan_preemption(event("max_gpus", limit=claimed), policy(max_gpus="4"), pods, NOW)
+    assert plan is not None
+    assert names(v.pod for v in plan.victims) == victims
+
+
+def test_max_gpus_without_a_limit_in_the_file_evicts_nobody() -> None:
+    assert plan_preemption(event("max_gpus", limit="0"), policy(), [pod("a", 2)], NOW) is None
 
 
 def test_a_replay_resumes_its_own_notices_with_the_original_deadline() -> None:
@@ -417,7 +459,7 @@ def test_a_replay_resumes_its_own_notices_with_the_original_deadline() -> None:
     ]
     # held 6, limit 2: the first run chose a and b (a noticed, then a crash before b?): a resumes,
     # held without it is 4 > 2, so b (lower priority than c) is chosen fresh.
-    plan = plan_preemption(event("max_gpus", limit="2"), policy(grace=60), pods, NOW)
+    plan = plan_preemption(event("max_gpus", limit="2"), policy(grace=60, max_gpus="2"), pods, NOW)
     assert plan is not None
     assert [(v.pod.name, v.resumed, v.notice.deadline) for v in plan.victims] == [
         ("a", True, original),
@@ -435,38 +477,77 @@ def test_a_replay_after_all_noticed_adds_nobody() -> None:
 # -- events in a backlog, blocked state ---------------------------------------------------------
 
 
-def test_superseded_exceeded_events() -> None:
-    events = [
-        event("gpu_hours", "exceeded", event_id="g-ex"),
-        event("max_gpus", "exceeded", event_id="m-ex"),
-        event("gpu_hours", "recovered", event_id="g-rec"),
-        event("spend", "exceeded", event_id="s-ex"),
-        event("gpu_hours", "exceeded", event_id="g-ex-2"),  # after the recovery: stands
-        event("max_gpus", "exceeded", tenant="team-b", event_id="b-ex"),
-        event("max_gpus", "recovered", tenant="team-b", event_id="b-rec"),
-    ]
-    assert superseded(events) == {"g-ex", "b-ex"}
+def test_a_recovered_cancels_its_exceeded_however_far_apart() -> None:
+    recoveries = Recoveries()
+    exceeded = event("gpu_hours", "exceeded", event_id="g-ex")
+    other_metric = event("max_gpus", "exceeded", event_id="m-ex")
+    other_tenant = event("gpu_hours", "exceeded", tenant="team-b", event_id="b-ex")
+    last_month = event("gpu_hours", "exceeded", event_id="old-ex").model_copy(update={"period": "2026-10"})
+    stream = [(exceeded, 0), (other_metric, 1), (other_tenant, 2), (last_month, 3)]
+    # Far more unrelated events than one fetch (service.BATCH) between the crossing and its recovery.
+    stream += [(event("spend", "warning", tenant=f"t-{i}", event_id=f"w-{i}"), 4 + i) for i in range(5000)]
+    recovered = event("gpu_hours", "recovered", event_id="g-rec")
+    stream.append((recovered, 6000))
+    again = event("gpu_hours", "exceeded", event_id="g-ex-2")  # after the recovery: stands
+    stream.append((again, 6001))
+    for item, offset in stream:
+        recoveries.observe(item, (0, offset))
+    assert recoveries.read_to(0) == 6001 and recoveries.read_to(1) == -1
+    assert recoveries.cancelled(exceeded, (0, 0))
+    assert not recoveries.cancelled(again, (0, 6001))
+    assert not recoveries.cancelled(other_metric, (0, 1))
+    assert not recoveries.cancelled(other_tenant, (0, 2))
+    assert not recoveries.cancelled(last_month, (0, 3))  # another period: not its recovery
+    assert not recoveries.cancelled(exceeded, (1, 0))  # another partition: no order to compare
+    assert not recoveries.cancelled(recovered, (0, 6000))
 
+
+def test_recoveries_keep_the_latest_recovered_whatever_order_they_are_read_in() -> None:
+    recoveries = Recoveries()
+    exceeded = event("spend", "exceeded")
+    # The read-ahead saw the recovery first; the consumer then reads the earlier events again.
+    recoveries.observe(event("spend", "recovered", event_id="r"), (0, 900))
+    recoveries.observe(exceeded, (0, 10))
+    recoveries.observe(event("spend", "recovered", event_id="r-old"), (0, 5))
+    assert recoveries.cancelled(exceeded, (0, 10))
+    assert recoveries.read_to(0) == 900
+
+
+
+BLOCKS_ON_SPEND = policy("block", spend="100")
+PREEMPTS_ON_SPEND = policy("preempt", spend="100")
 
 BLOCKED_CASES = [
-    pytest.param({}, event("spend"), policy("block"), {TENANT: {"spend"}}, id="block-blocks"),
-    pytest.param({}, event("spend"), policy("preempt"), {TENANT: {"spend"}}, id="preempt-blocks"),
-    pytest.param({}, event("spend"), policy("notify"), {}, id="notify-does-not"),
-    pytest.param({}, event("spend", "warning"), policy("block"), {}, id="warning-does-not"),
+    pytest.param({}, event("spend"), BLOCKS_ON_SPEND, {TENANT: {"spend"}}, id="block-blocks"),
+    pytest.param({}, event("spend"), PREEMPTS_ON_SPEND, {TENANT: {"spend"}}, id="preempt-blocks"),
+    pytest.param({}, event("spend"), policy("notify", spend="100"), {}, id="notify-does-not"),
+    pytest.param({}, event("spend", "warning"), BLOCKS_ON_SPEND, {}, id="warning-does-not"),
     pytest.param(
         {TENANT: {"spend", "max_gpus"}},
-        event("spend", "recovered"),
-        policy("block"),
+        event("spend", "recovered", used="90"),
+        BLOCKS_ON_SPEND,
         {TENANT: {"max_gpus"}},
         id="recovered-one-of-two",
     ),
-    pytest.param({TENANT: {"spend"}}, event("spend", "recovered"), policy("block"), {}, id="recovered-last"),
+    pytest.param({TENANT: {"spend"}}, event("spend", "recovered", used="90"), BLOCKS_ON_SPEND, {},
+                 id="recovered-last"),
     pytest.param(
         {"team-b": {"gpu_hours"}},
         event("spend"),
-        policy("block"),
+        BLOCKS_ON_SPEND,
         {"team-b": {"gpu_hours"}, TENANT: {"spend"}},
         id="others-kept",
+    ),
+    pytest.param({}, event("spend", limit="50"), BLOCKS_ON_SPEND, {}, id="forged-exceeded-limit"),
+    pytest.param({}, event("spend"), policy("block"), {}, id="exceeded-of-a-metric-without-limit"),
+    pytest.param({}, event("spend"), None, {}, id="exceeded-of-a-tenant-not-in-file"),
+    pytest.param(
+        {TENANT: {"spend"}}, event("spend", "recovered", limit="500", used="90"), BLOCKS_ON_SPEND,
+        {TENANT: {"spend"}}, id="forged-recovered-limit",
+    ),
+    pytest.param(
+        {TENANT: {"spend"}}, event("spend", "recovered", used="120"), BLOCKS_ON_SPEND,
+        {TENANT: {"spend"}}, id="recovered-still-over",
     ),
 ]
 
@@ -475,11 +556,11 @@ BLOCKED_CASES = [
 def test_blocked_after(
     before: dict[str, set[str]],
     quota_event: QuotaEvent,
-    tenant_policy: TenantPolicy,
+    tenant_policy: TenantPolicy | None,
     after: dict[str, set[str]],
 ) -> None:
     start = {tenant: frozenset(metrics) for tenant, metrics in before.items()}
-    result = blocked_after(start, quota_event, tenant_policy)
+    result = blocked_after(start, quota_event, tenant_policy, NOW)
     assert {tenant: set(metrics) for tenant, metrics in result.items()} == after
 
 
@@ -804,6 +885,11 @@ def test_reclaim_frees_room_with_the_fewest_spot_pods() -> None:
     assert plan_names([node("gpu-0")], pods) == [("trainer", "gpu-0", ["spot-new"])]
 
 
+def test_reclaim_takes_a_spot_pod_whose_namespace_does_not_allow_its_protection() -> None:
+    pods = [spot_pod("s", 4, annotations=PROTECT), waiting("trainer", 2)]
+    assert plan_names([node("gpu-0")], pods) == [("trainer", "gpu-0", ["s"])]
+
+
 def test_reclaim_prefers_the_node_needing_fewest_victims() -> None:
     pods = [
         spot_pod("a1", 1, "gpu-a"),
@@ -842,7 +928,8 @@ def test_reclaim_prefers_the_node_needing_fewest_victims() -> None:
             id="scheduler-has-not-given-up",
         ),
         pytest.param(
-            [spot_pod("s", 4, annotations={"gpumeter.io/protected": "true"}), waiting("trainer", 2)],
+            [spot_pod("s", 4, annotations=PROTECT, namespace_labels=PROTECTION_ALLOWED),
+             waiting("trainer", 2)],
             [node("gpu-0")],
             set(),
             id="protected-spot-pod",
@@ -964,6 +1051,21 @@ def test_offsets_commit_only_the_handled_prefix() -> None:
     done["p0", 12]()
     assert tracker.committable() == {"p0": 13}
     assert tracker.in_flight == 0
+
+
+def test_handled_events_stop_counting_in_flight_before_they_are_committed() -> None:
+    # The consumer waits while in_flight is at its limit and commits only between fetches: an
+    # event handled but not yet committed must not hold that wait up, or a backlog of the
+    # limit's size wedges the actuator for good.
+    tracker: OffsetTracker[str] = OffsetTracker()
+    marks = [tracker.add("p0", offset) for offset in range(3)]
+    marks[0]()
+    marks[1]()
+    marks[1]()  # a second call changes nothing
+    assert tracker.in_flight == 1
+    tracker.add("p1", 0)
+    tracker.forget({"p0"})
+    assert tracker.in_flight == 1  # p1's event; p0's unhandled one went with its partition
 
 
 def test_offsets_of_revoked_partitions_are_forgotten() -> None:

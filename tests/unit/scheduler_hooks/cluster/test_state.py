@@ -15,9 +15,10 @@ from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from scheduler_hooks.cluster.state import (
     HooksState,
+    WatchedNamespace,
     WatchedNode,
     WatchedPod,
-    namespace_tenant,
+    watched_namespace,
     watched_node,
     watched_pod,
 )
@@ -26,15 +27,16 @@ from tests.unit.scheduler_hooks.builders import allocation, h100, l40s, time_sli
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 
 
-def quota(tenant: str, metric: str, level: str, period: str = "2026-11", tag: str = "") -> QuotaEvent:
+def quota(tenant: str, metric: str, level: str, period: str = "2026-11", tag: str = "", limit: str = "1",
+          used: str | None = None) -> QuotaEvent:
     return QuotaEvent(
         event_id=f"{tenant}|{metric}|{level}|{period}|{tag}",
         tenant=tenant,
         metric=metric,
         level=level,
         threshold="1",
-        used="1",
-        limit="1",
+        used=used if used is not None else ("0.5" if level == "recovered" else "1"),
+        limit=limit,
         period=period,
         at=AT,
     )
@@ -43,7 +45,7 @@ def quota(tenant: str, metric: str, level: str, period: str = "2026-11", tag: st
 TENANTS = TenantsFile(
     tenants=[
         TenantPolicy(
-            tenant="blocker", gpu_hours=Decimal(1), spend=Decimal(1), max_gpus=Decimal(8), on_exceed="block"
+            tenant="blocker", gpu_hours=Decimal(1), spend=Decimal(1), max_gpus=Decimal(1), on_exceed="block"
         ),
         TenantPolicy(tenant="preempter", gpu_hours=Decimal(1), on_exceed="preempt"),
         TenantPolicy(tenant="notifier", gpu_hours=Decimal(1), max_gpus=Decimal(2), on_exceed="notify"),
@@ -77,8 +79,8 @@ FOLD_CASES: dict[str, tuple[list[QuotaEvent], dict[str, str]]] = {
     ),
     "max_gpus has one scope across periods": (
         [
-            quota("blocker", "max_gpus", "exceeded", "2026-10"),
-            quota("blocker", "max_gpus", "recovered", "2026-11"),
+            quota("blocker", "max_gpus", "exceeded", "2026-11", tag="nov"),
+            quota("blocker", "max_gpus", "recovered", "2026-11-01"),
         ],
         {},
     ),
@@ -95,28 +97,72 @@ FOLD_CASES: dict[str, tuple[list[QuotaEvent], dict[str, str]]] = {
         ],
         {"blocker": "spend"},
     ),
+    # Contract 4, amendment "trust": the tenants file decides, not the event.
+    "an exceeded with a limit not the policy's does not block": (
+        [quota("blocker", "gpu_hours", "exceeded", limit="0.5")],
+        {},
+    ),
+    "an exceeded of max_gpus with a limit not the policy's does not block": (
+        [quota("blocker", "max_gpus", "exceeded", limit="0")],
+        {},
+    ),
+    "an exceeded of a past period does not block": (
+        [quota("blocker", "gpu_hours", "exceeded", "2026-10")],
+        {},
+    ),
+    "a recovered with a limit not the policy's does not unblock": (
+        [quota("blocker", "gpu_hours", "exceeded"), quota("blocker", "gpu_hours", "recovered", limit="100")],
+        {"blocker": "gpu_hours"},
+    ),
+    "a recovered whose own usage is still at the limit does not unblock": (
+        [quota("blocker", "gpu_hours", "exceeded"), quota("blocker", "gpu_hours", "recovered", used="1")],
+        {"blocker": "gpu_hours"},
+    ),
+    "a recovered of a period not begun does not unblock max_gpus": (
+        [quota("blocker", "max_gpus", "exceeded"), quota("blocker", "max_gpus", "recovered", "2026-12")],
+        {"blocker": "max_gpus"},
+    ),
+    "a later trusted recovered unblocks after an untrusted one": (
+        [
+            quota("blocker", "spend", "exceeded"),
+            quota("blocker", "spend", "recovered", limit="100", tag="forged"),
+            quota("blocker", "spend", "recovered", tag="real"),
+        ],
+        {},
+    ),
 }
 
 
 @pytest.mark.parametrize(("events", "blocked"), FOLD_CASES.values(), ids=FOLD_CASES.keys())
 def test_quota_fold(events: list[QuotaEvent], blocked: dict[str, str]) -> None:
-    state = HooksState(TENANTS)
+    state = HooksState(TENANTS, clock=lambda: AT)
     for item in events:
         state.apply_quota_event(item)
     assert state.blocked == blocked
 
 
 def test_reloaded_tenants_file_reevaluates_blocking_and_max_gpus() -> None:
-    state = HooksState(TENANTS)
+    state = HooksState(TENANTS, clock=lambda: AT)
     state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
     # Contract 6: max_gpus refuses new pods whatever on_exceed says (notify included).
-    assert state.max_gpus == {"blocker": Decimal(8), "notifier": Decimal(2)}
+    assert state.max_gpus == {"blocker": Decimal(1), "notifier": Decimal(2)}
     state.set_tenants(
         TenantsFile(tenants=[TenantPolicy(tenant="blocker", gpu_hours=Decimal(1), on_exceed="notify")])
     )
     assert (state.blocked, state.max_gpus) == ({}, {})
     state.set_tenants(TENANTS)
     assert state.blocked == {"blocker": "gpu_hours"}
+
+
+def test_a_recovered_from_a_raised_limit_unblocks_once_the_hooks_read_the_raised_limit() -> None:
+    state = HooksState(TENANTS, clock=lambda: AT)
+    state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
+    # The quota worker read the raised limit (2) first: its recovered carries it.
+    state.apply_quota_event(quota("blocker", "gpu_hours", "recovered", limit="2", used="1"))
+    assert state.blocked == {"blocker": "gpu_hours"}  # the hooks' file still says 1
+    raised = TenantPolicy(tenant="blocker", gpu_hours=Decimal(2), on_exceed="block")
+    state.set_tenants(TenantsFile(tenants=[raised]))
+    assert state.blocked == {}
 
 
 def pod(uid: str, namespace: str = "ns-a", node: str = "", gpus: int = 1, **extra: Any) -> WatchedPod:
@@ -201,7 +247,7 @@ def test_watched_pod_reads_the_api_object() -> None:
         node="n1",
         gpus=3,
         priority=7,
-        protected=True,
+        asks_protection=True,
         capacity_hint="spot",
         started_at=datetime(2026, 11, 5, 10, tzinfo=UTC),
         terminal=False,
@@ -219,11 +265,26 @@ def test_watched_node_and_namespace_tenant() -> None:
         {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
     ) == WatchedNode("n", None, 8)
     assert watched_node({"metadata": {"name": "n"}, "status": {"capacity": {"cpu": "8"}}}) == WatchedNode("n")
-    assert namespace_tenant({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "Team_A"}}}) == (
-        "ns",
-        "team-a",
+    assert watched_namespace({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "Team_A"}}}) == (
+        WatchedNamespace("ns", "team-a")
     )
-    assert namespace_tenant({"metadata": {"name": "ns"}}) == ("ns", "ns")
+    assert watched_namespace({"metadata": {"name": "ns"}}) == WatchedNamespace("ns", "ns")
+    allowed = {"metadata": {"name": "ns", "labels": {"gpumeter.io/protection-allowed": "true"}}}
+    assert watched_namespace(allowed) == WatchedNamespace("ns", "ns", protection_allowed=True)
+
+
+def test_protection_follows_the_namespace_label() -> None:
+    state = HooksState()
+    state.upsert_pod(pod("p", node="n1", asks_protection=True))
+    state.upsert_pod(pod("q", node="n1"))
+    assert not state.pods["p"].protected  # the namespace is not known to allow it
+    state.upsert_namespace("ns-a", "team", protection_allowed=True)
+    assert state.pods["p"].protected and not state.pods["q"].protected
+    state.upsert_namespace("ns-a", "team")  # the label removed
+    assert not state.pods["p"].protected
+    state.upsert_namespace("ns-a", "team", protection_allowed=True)
+    state.replace_namespaces([])  # a relist without the namespace
+    assert not state.pods["p"].protected
 
 
 def test_a_pod_bound_since_the_record_takes_the_best_set_left() -> None:

@@ -58,6 +58,7 @@ def view() -> ClusterView:
         gpus_held={"team-a": Decimal(10), "team-c": Decimal(7), "team-d": Decimal(6)},
         namespace_tenants={"research": "team-c", "ml-b": "team-b"},
         pods=KNOWN,
+        protection_namespaces={"ops"},  # labelled gpumeter.io/protection-allowed: "true"
     )
 
 
@@ -187,6 +188,7 @@ class PreemptCase:
 
 
 SPOT, OD, OD2, PROT = ["spot-1"], ["od-1"], ["od-2"], ["prot-1"]
+PROTECT = {"gpumeter.io/protected": "true"}
 PREEMPT_CASES = [
     PreemptCase("spot-node-preferred", {"n1": SPOT, "n2": OD}, {"n1": SPOT}),
     PreemptCase("no-preferred-node-keeps-all", {"n1": OD, "n2": OD2}, {"n1": OD, "n2": OD2}),
@@ -205,7 +207,13 @@ PREEMPT_CASES = [
         "annotation-seen-on-the-wire-protects",
         {"n1": ["ghost"], "n2": OD},
         {"n2": OD},
-        observed={"ghost": PodRequest("x", "ghost", "ghost", annotations={"gpumeter.io/protected": "true"})},
+        observed={"ghost": PodRequest("ops", "ghost", "ghost", annotations=PROTECT)},
+    ),
+    PreemptCase(
+        "annotation-on-the-wire-without-namespace-label-protects-nothing",
+        {"n1": ["ghost"], "n2": OD},
+        {"n1": ["ghost"], "n2": OD},
+        observed={"ghost": PodRequest("x", "ghost", "ghost", annotations=PROTECT)},
     ),
     PreemptCase(
         "unknown-victim-of-blocked-namespace-preferred",

@@ -9,6 +9,7 @@ round-trips ``strings.ToLower`` of the JSON), so the parsers must too.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from gpumeter.core import jsonio
 from scheduler_hooks.cluster.kube_json import WireError
+from scheduler_hooks.cluster.kube_objects import asks_protection
 from scheduler_hooks.cluster.state import ClusterView, KnownPod
 from scheduler_hooks.extender.policy import Policy
 from scheduler_hooks.extender.wire_kube import (
@@ -37,6 +39,7 @@ POLICY = Policy(
             "od-1": KnownPod("od-1", "team-a", Decimal(1)),
             "prot-1": KnownPod("prot-1", "team-a", Decimal(1), protected=True),
         },
+        protection_namespaces={"team-a"},  # labelled gpumeter.io/protection-allowed: "true"
     )
 )
 
@@ -207,6 +210,16 @@ def test_preempt_full_victims_answers_meta_form_and_reads_annotations() -> None:
     }
 
 
+def test_preempt_ignores_the_annotation_where_the_namespace_does_not_allow_protection() -> None:
+    unlabelled = Policy(replace(POLICY.view, protection_namespaces=frozenset()))
+    assert handle_preempt(decode(PREEMPT_FULL), unlabelled) == {
+        "NodeNameToMetaVictims": {
+            "n1": {"Pods": [{"UID": "ghost"}], "NumPDBViolations": 0},
+            "n2": {"Pods": [{"UID": "od-1"}], "NumPDBViolations": 2},
+        }
+    }
+
+
 def test_preempt_lower_case_keys() -> None:
     lowered = handle_preempt(decode(PREEMPT_META.lower()), POLICY)
     assert lowered == handle_preempt(decode(PREEMPT_META), POLICY)
@@ -267,8 +280,9 @@ def test_pod_request_fields() -> None:
                  annotations={"gpumeter.io/protected": "TRUE", "other": "x"})
     )
     assert (request.namespace, request.name, request.uid, request.priority) == ("ml", "p", "u", 1000)
-    assert request.protected
-    assert not pod_request(pod_json(annotations={"gpumeter.io/protected": "false"})).protected
+    assert asks_protection(request.annotations)
+    unprotected = pod_request(pod_json(annotations={"gpumeter.io/protected": "false"}))
+    assert not asks_protection(unprotected.annotations)
     assert pod_request({"metadata": {"name": "bare"}}).namespace == "default"
 
 

@@ -38,6 +38,7 @@ POLICY = Policy(
             "spot-1": KnownPod("spot-1", "team-a", Decimal(1), capacity_type="spot"),
             "od-1": KnownPod("od-1", "team-a", Decimal(1), priority=10),
         },
+        protection_namespaces={"team-a"},  # labelled gpumeter.io/protection-allowed: "true"
     )
 )
 GPU = "nvidia.com/gpu"
@@ -140,15 +141,24 @@ def test_prioritize_never_answers_null_scores(nodes: Any) -> None:
 @pytest.mark.parametrize(
     "handler", [handle_preemptable, handle_reclaimable], ids=["preemptable", "reclaimable"]
 )
-def test_victims_drop_protected_and_put_preferred_first(handler: Any) -> None:
+@pytest.mark.parametrize(
+    ("guarded_namespace", "victims"),
+    [
+        pytest.param("team-a", ["spot-1", "od-1"], id="namespace-allows-protection"),
+        # priority 1 (task_json's default) is below od-1's 10: it goes before od-1.
+        pytest.param("team-z", ["spot-1", "guarded", "od-1"], id="namespace-does-not"),
+    ],
+)
+def test_victims_drop_protected_and_put_preferred_first(handler: Any, guarded_namespace: str,
+                                                        victims: list[str]) -> None:
     od = task_json(uid="od-1", name="od", milli_gpus=1000, priority=10)
-    guarded = task_json(uid="guarded", name="guarded", milli_gpus=1000,
+    guarded = task_json(uid="guarded", name="guarded", milli_gpus=1000, namespace=guarded_namespace,
                         annotations={"gpumeter.io/protected": "true"})
     spot = task_json(uid="spot-1", name="spot", milli_gpus=1000)
     request = {"evictor": task_json(milli_gpus=1000, priority=100), "evictees": [od, guarded, spot]}
     answer = handler(request, POLICY)
     assert answer["status"] == 1
-    assert [victim["UID"] for victim in answer["victims"]] == ["spot-1", "od-1"]
+    assert [victim["UID"] for victim in answer["victims"]] == victims
     assert answer["victims"][0] is spot  # handed back as sent: Volcano intersects victims by UID
 
 

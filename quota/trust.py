@@ -1,0 +1,76 @@
+"""Whether the tenants file agrees with a quota event (contract 4, amendment "trust"): pure.
+
+The actuator and the extender never take a quota event's word for what to do: whoever can
+write to the quota events topic would otherwise evict any tenant (a forged ``exceeded``) or
+unblock one (a forged ``recovered``). They act on an event only when the policy they hold
+themselves agrees with it; ``distrust`` names what disagrees (a metric label and a log line),
+None when nothing does.
+
+An ``exceeded`` agrees when the tenant is in the file, the metric has a limit there, the
+event's ``limit`` is that limit as events carry it (``quota.accounting.format_value``:
+money to 2 places, hours to 6, GPUs exact; compared as Decimals, so ``"10"`` and
+``"10.000000"`` agree), and its ``period`` is the current one for the tenant's ``period``
+setting (UTC month or day of ``now``).
+
+A ``recovered`` is emitted in three legitimate ways (``quota.accounting``): usage back under
+the limit, a reloaded file raising or removing the limit, a new period starting. So it
+agrees when the tenant is in the file and:
+
+- the metric has no limit any more (a removed limit recovers; the event shows the old one), or
+- its ``limit`` is the policy's and its period is the current one with ``used`` under the
+  limit, or another period that has begun: a new period recovering the old one (whose usage
+  may well be over), or a period of the other kind after the tenant switched between
+  ``month`` and ``day``.
+
+A recovered of a period not begun yet, or one claiming the current period while its own ``used``
+is still at or over the limit, does not agree. One that merely claims a plausible ``used``
+cannot be told from a real one without the usage itself: the file alone cannot do better.
+``warning`` events change nothing and are never distrusted.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+
+from gpumeter.core.models import QuotaEvent, QuotaMetric
+from gpumeter.core.money import exact
+from gpumeter.core.tenants import TenantPolicy
+from quota.accounting import format_value
+from quota.periods import period_key, period_start
+
+Distrust = Literal["unknown_tenant", "no_limit", "limit_mismatch", "period_not_current", "bad_period",
+                   "still_over"]
+
+
+def policy_limit(policy: TenantPolicy, metric: QuotaMetric) -> Decimal | None:
+    """The policy's limit for ``metric`` as quota events carry it (None: no limit)."""
+    limit: Decimal | None = getattr(policy, metric)
+    return None if limit is None else Decimal(format_value(metric, limit))
+
+
+def distrust(event: QuotaEvent, policy: TenantPolicy | None, now: datetime) -> Distrust | None:
+    """What in the tenants file disagrees with ``event`` (module docstring); None: it agrees."""
+    if event.level == "warning":
+        return None
+    if policy is None:
+        return "unknown_tenant"
+    limit = policy_limit(policy, event.metric)
+    if event.level == "recovered" and limit is None:
+        return None  # a removed limit recovers, showing the limit it recovered from
+    if limit is None:
+        return "no_limit"
+    with exact():
+        if event.limit != limit:
+            return "limit_mismatch"
+    try:
+        started = period_start(event.period)
+    except ValueError:
+        return "bad_period"
+    if event.period == period_key(now, policy.period):
+        with exact():
+            return "still_over" if event.level == "recovered" and event.used >= limit else None
+    if event.level == "recovered" and started <= now:
+        return None
+    return "period_not_current"
