@@ -40,8 +40,8 @@ from gpumeter.core import topics
 from gpumeter.core.models import UsageSample
 from gpumeter.core.records import split
 from gpumeter.core.settings import KafkaSettings, Settings
+from gpumeter.core.topics import ledger_changelog_topic
 from gpumeter.infra import clickhouse, kafka
-from streams.quota import ledger_changelog_topic
 from testkit.builders import OMIT, shipped_rate_card_documents, usage_sample
 from tests.chaos import brokers
 from tests.integration.invoice_checks import (
@@ -169,7 +169,7 @@ def victim_node(victim: str, settings: Settings) -> int:
         return brokers.partition_leader(settings.kafka, samples, busiest_partition(settings.kafka, samples))
     if victim == "group coordinator":
         return brokers.group_coordinator(settings.kafka, group)
-    changelog = ledger_changelog_topic(settings.kafka, settings.worker.group)
+    changelog = ledger_changelog_topic(settings.kafka.topic_prefix, settings.worker.group)
     return brokers.partition_leader(settings.kafka, changelog, busiest_partition(settings.kafka, changelog))
 
 
