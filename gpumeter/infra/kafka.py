@@ -264,9 +264,24 @@ def ensure_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> lis
                 created.append(topic.name)
             except TopicAlreadyExistsError:
                 pass
+        _wait_for_leaders(client, {topic.name: topic.num_partitions for topic in wanted})
         return created
     finally:
         client.close()
+
+
+def _wait_for_leaders(client: KafkaAdminClient, partitions: dict[str, int], timeout: float = 30.0) -> None:
+    """Until every partition of these new topics has a leader in the metadata: the controller
+    answers CreateTopics before the brokers know the topic, and a client that starts at once
+    (the worker after `gpumeter up`) would meet UnknownTopicOrPartition."""
+    deadline = time.monotonic() + timeout
+    while partitions and time.monotonic() < deadline:
+        described = client.describe_topics(list(partitions))
+        ready = {d["name"] for d in described
+                 if len([p for p in d["partitions"] if p.get("leader_id", -1) >= 0]) == partitions[d["name"]]}
+        partitions = {name: count for name, count in partitions.items() if name not in ready}
+        if partitions:
+            time.sleep(0.2)
 
 
 def delete_topics_under(kafka: KafkaSettings, client: KafkaAdminClient) -> list[str]:
