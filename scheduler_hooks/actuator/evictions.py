@@ -126,8 +126,8 @@ class Evictions:
         pod, notice = victim.pod, victim.notice
         if victim.resumed:
             return InFlight(pod, notice, pod.notice_text)
-        status = await self._act(self.kube.patch_pod, pod.namespace, pod.name, notice_patch(pod.uid, notice),
-                                 MERGE_PATCH)
+        status = await self._act(self.kube.patch_pod, pod.namespace, pod.name,
+                                 notice_patch(pod.uid, notice), MERGE_PATCH)
         if status != 200:
             log.info("%s is gone or replaced (HTTP %d): no notice", pod.key, status)
             return None
@@ -233,8 +233,8 @@ class Evictions:
             flight.task.cancel()
         if self.dry_run:
             return
-        status = await self._act(self.kube.patch_pod, pod.namespace, pod.name, withdraw_patch(pod.notice_text),
-                                 JSON_PATCH)
+        status = await self._act(self.kube.patch_pod, pod.namespace, pod.name,
+                                 withdraw_patch(pod.notice_text), JSON_PATCH)
         if status == 200:
             log.info("eviction notice on %s withdrawn: %s", pod.key, why)
             self._event(pod, "EvictionWithdrawn", f"gpumeter: eviction called off: {why}")

@@ -52,7 +52,8 @@ def apply_rbac(api: k8s.ApiClient) -> None:
                                rbac.replace_cluster_role_binding),
         "Role": (k8s.V1Role, lambda body: rbac.create_namespaced_role(SA_NAMESPACE, body),
                  lambda name, body: rbac.replace_namespaced_role(name, SA_NAMESPACE, body)),
-        "RoleBinding": (k8s.V1RoleBinding, lambda body: rbac.create_namespaced_role_binding(SA_NAMESPACE, body),
+        "RoleBinding": (k8s.V1RoleBinding,
+                        lambda body: rbac.create_namespaced_role_binding(SA_NAMESPACE, body),
                         lambda name, body: rbac.replace_namespaced_role_binding(name, SA_NAMESPACE, body)),
     }
     for doc in rbac_documents():
@@ -66,14 +67,20 @@ def apply_rbac(api: k8s.ApiClient) -> None:
             replace(doc["metadata"]["name"], body)  # applied earlier in the session: the file's again
 
 
-def service_account_client(kube: Kube, api: k8s.ApiClient) -> k8s.ApiClient:
-    """A client authenticated as the hooks ServiceAccount (a fresh bound token)."""
+def service_account_token(api: k8s.ApiClient) -> str:
+    """A fresh bound token of the hooks ServiceAccount (an hour)."""
     core = k8s.CoreV1Api(api)
     spec = k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
     request = k8s.AuthenticationV1TokenRequest(spec=spec)
     status = core.create_namespaced_service_account_token(SA_NAME, SA_NAMESPACE, request).status
     assert status is not None and status.token
     token: str = status.token
+    return token
+
+
+def service_account_client(kube: Kube, api: k8s.ApiClient) -> k8s.ApiClient:
+    """A client authenticated as the hooks ServiceAccount (a fresh bound token)."""
+    token = service_account_token(api)
     configuration = k8s.Configuration(host=kube.server, api_key={"BearerToken": token},
                                       api_key_prefix={"BearerToken": "Bearer"}, ssl_ca_cert=str(kube.ca_file))
     return k8s.ApiClient(configuration)
@@ -133,8 +140,8 @@ FORBIDDEN = [
     ("clusterrolebindings", "rbac.authorization.k8s.io", "", "create", ""),
     ("deployments", "apps", "", "patch", "team-ns"),
     # The Lease grant is its own namespace's only: not node heartbeats, not others' elections.
-    *[("leases", COORDINATION, "", verb, ns) for verb in ("get", "update", "create") for ns in ("kube-node-lease",
-                                                                                               "kube-system", "")],
+    *[("leases", COORDINATION, "", verb, ns) for verb in ("get", "update", "create")
+      for ns in ("kube-node-lease", "kube-system", "")],
     *[("leases", COORDINATION, "", verb, SA_NAMESPACE) for verb in ("delete", "list", "watch", "patch")],
 ]
 

@@ -57,8 +57,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(serve(settings, dry_run=dry_run, role=getattr(args, "role", "all")))
 
 
-async def serve(settings: Settings, *, dry_run: bool, role: Role = "all", stop: asyncio.Event | None = None,
-                api: Any = None) -> int:
+async def serve(settings: Settings, *, dry_run: bool, role: Role = "all",
+                stop: asyncio.Event | None = None, api: Any = None) -> int:
     """Run until ``stop`` is set (or a signal); ``api`` overrides the Kubernetes client (tests)."""
     from kubernetes.config import ConfigException
 
@@ -83,7 +83,8 @@ async def serve(settings: Settings, *, dry_run: bool, role: Role = "all", stop: 
         running.callback(_close_quietly, api)
         main: list[asyncio.Task[Any]] = []
         if extender:
-            main.extend(await _start_extender(settings, tenants, api, stop, running, dry_run=dry_run and actuator))
+            main.extend(await _start_extender(settings, tenants, api, stop, running,
+                                              dry_run=dry_run and actuator))
         if actuator:
             main.append(asyncio.create_task(_actuate(settings, api, stop, dry_run=dry_run), name="actuator"))
         stopping = asyncio.create_task(stop.wait(), name="stop")
@@ -143,14 +144,15 @@ async def _actuate(settings: Settings, api: Any, stop: asyncio.Event, *, dry_run
     """The actuator during each term of leadership of the Lease, until ``stop``."""
     from kubernetes import client as k8s
 
-    from scheduler_hooks.actuator.leader import LeaderElector, LeaseClient, LeaseTimings, default_identity, lead
+    from scheduler_hooks.actuator import leader
     from scheduler_hooks.actuator.service import Actuator
 
     hooks = settings.hooks
-    timings = LeaseTimings(hooks.lease_duration_seconds, hooks.renew_deadline_seconds, hooks.retry_period_seconds)
-    leases = LeaseClient(k8s.CoordinationV1Api(api), hooks.lease_namespace, hooks.lease_name,
+    timings = leader.LeaseTimings(hooks.lease_duration_seconds, hooks.renew_deadline_seconds,
+                                  hooks.retry_period_seconds)
+    leases = leader.LeaseClient(k8s.CoordinationV1Api(api), hooks.lease_namespace, hooks.lease_name,
                          request_timeout=hooks.renew_deadline_seconds)
-    elector = LeaderElector(leases, default_identity(), timings)
+    elector = leader.LeaderElector(leases, leader.default_identity(), timings)
     where = f"{hooks.lease_namespace}/{hooks.lease_name}"
     print(f"gpumeter hooks: actuator {elector.identity} waiting for lease {where}"
           f"{' (dry run)' if dry_run else ''}", file=sys.stderr, flush=True)
@@ -170,7 +172,7 @@ async def _actuate(settings: Settings, api: Any, stop: asyncio.Event, *, dry_run
                                           instance=elector.identity)
         await actuator.run(ended)
 
-    await lead(elector, term, stop, on_change=said)
+    await leader.lead(elector, term, stop, on_change=said)
 
 
 def _close_quietly(api: Any) -> None:

@@ -46,7 +46,8 @@ def test_an_unknown_role_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
         pytest.param("all", {"extender", "actuator"}, id="all"),
     ],
 )
-def test_each_role_starts_only_its_part(monkeypatch: pytest.MonkeyPatch, role: Any, started: set[str]) -> None:
+def test_each_role_starts_only_its_part(monkeypatch: pytest.MonkeyPatch, role: Any,
+                                        started: set[str]) -> None:
     seen: set[str] = set()
 
     async def start_extender(*args: Any, **kwargs: Any) -> list[asyncio.Task[Any]]:

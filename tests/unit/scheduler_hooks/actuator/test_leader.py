@@ -79,7 +79,8 @@ class LeaseServerStandIn:
             raise ApiException(status=409, reason="AlreadyExists")
         return self._stamp(body, namespace, body["metadata"]["name"])
 
-    def replace_namespaced_lease(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> _Response:
+    def replace_namespaced_lease(self, name: str, namespace: str, body: dict[str, Any],
+                                 **_: Any) -> _Response:
         self._check()
         if self.before_write is not None:
             self.before_write()
