@@ -189,7 +189,7 @@ class Evictions:
                 attempt += 1
                 await self._sleep(delay)
         except NotLeading:
-            log.info("eviction of %s left to the next leader: this actuator no longer holds the lease", pod.key)
+            log.info("eviction of %s left to the next leader: the lease is no longer held here", pod.key)
         finally:
             current = self._inflight.get(pod.uid)
             if current is flight:
