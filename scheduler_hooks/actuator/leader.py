@@ -33,10 +33,10 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -74,21 +74,13 @@ def micro_time(at: datetime) -> str:
 # -- the API calls (blocking) -------------------------------------------------------------------
 
 
-class LeaseApi(Protocol):
-    """The calls of ``kubernetes.client.CoordinationV1Api`` used here."""
-
-    def read_namespaced_lease(self, name: str, namespace: str, **kwargs: Any) -> Any: ...
-
-    def create_namespaced_lease(self, namespace: str, body: Any, **kwargs: Any) -> Any: ...
-
-    def replace_namespaced_lease(self, name: str, namespace: str, body: Any, **kwargs: Any) -> Any: ...
-
-
 class LeaseClient:
     """One Lease object, as JSON: read (None when missing), create and replace (None when
     another writer got there first: 409). Anything else (server away, 403) raises."""
 
-    def __init__(self, api: LeaseApi, namespace: str, name: str, request_timeout: float) -> None:
+    def __init__(self, api: Any, namespace: str, name: str, request_timeout: float) -> None:
+        """``api``: a ``kubernetes.client.CoordinationV1Api`` (its read, create and replace of
+        namespaced leases are the calls made), or a stand-in answering them the same way."""
         self.api = api
         self.namespace = namespace
         self.name = name
@@ -267,7 +259,7 @@ class LeaderElector:
                         _first_line(exc))
 
 
-Work = Callable[[asyncio.Event], Awaitable[None]]
+Work = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
 OnChange = Callable[[bool], None]
 
 

@@ -367,7 +367,7 @@ def test_a_partitioned_leader_stops_acting_and_the_other_takes_over(
         exceeded = quota_event(team, "gpu_hours", "exceeded", limit="10.000000", used="11.000000")
         publish(settings, exceeded)
         for name in victims:
-            eventually(lambda name=name: watch.noticed(ns, name), f"{name} noticed")
+            eventually(functools.partial(watch.noticed, ns, name), f"{name} noticed")
         eventually(lambda: handled_everything(settings), "event committed by the leader")
 
         proxy.cut()
