@@ -56,8 +56,8 @@ def run_evictions(fresh_notice: bool, may_act: Callable[[], bool]) -> list[str]:
         evictions = Evictions(kube, Sink(), dry_run=False, max_backoff=1.0,  # type: ignore[arg-type]
                               io=io, sleep=asyncio.sleep, stopping=lambda: False,
                               post_event=lambda *a, **k: None, act=act)
-        notice = Notice(cause="e" * 64, reason="over quota", deadline=datetime.now(UTC) - timedelta(seconds=1),
-                        metric="gpu_hours")
+        due = datetime.now(UTC) - timedelta(seconds=1)
+        notice = Notice(cause="e" * 64, reason="over quota", deadline=due, metric="gpu_hours")
         pod = pod_view(pod_json("victim"), "team-a")
         await evictions.carry_out([Victim(pod, notice, resumed=not fresh_notice)], "gpu_hours")
         await asyncio.gather(*evictions.tasks(), return_exceptions=True)
