@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -144,7 +146,7 @@ Wait = Callable[[asyncio.Event, float], Awaitable[None]]
 class LeaderElector:
     def __init__(self, leases: LeaseClient, identity: str, timings: LeaseTimings, *,
                  clock: Clock = time.monotonic, wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 io: Run = asyncio.to_thread, wait: Wait | None = None) -> None:
+                 io: Run | None = None, wait: Wait | None = None) -> None:
         """``clock``, ``wall``, ``io`` and ``wait`` (sleep until a time passes or stop is set) are
         replaceable for tests that drive time by hand."""
         self.leases = leases
@@ -152,12 +154,22 @@ class LeaderElector:
         self.timings = timings
         self._clock = clock
         self._wall = wall
-        self._io = io
+        # The Lease calls run on a thread of their own: in the loop's default pool they queued
+        # behind ClickHouse and Kafka work of the same process, and a loaded leader lost its Lease
+        # for no fault of the API server. One thread also keeps a renewal that outlived its wait
+        # from racing the next one.
+        self._pool: ThreadPoolExecutor | None = None
+        self._io = io or self._in_own_thread
         self._wait = wait or _sleep_or_stop
         self._valid_until: float | None = None  # our clock: leader until then
         self._observed_version: str | None = None
         self._observed_at = 0.0  # our clock, when the Lease last changed as we saw it
         self.holder: str = ""  # who held the Lease at our last read
+
+    async def _in_own_thread(self, call: Callable[..., Any], *args: Any) -> Any:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(call, *args))
 
     def holding(self) -> bool:
         """Leader now: renewed successfully less than the renew deadline ago."""
@@ -229,6 +241,8 @@ class LeaderElector:
                 # Never wait past the deadline for an answer: the loop above must see it pass.
                 renewed = await asyncio.wait_for(self.try_acquire_or_renew(), timeout=remaining)
             except TimeoutError:
+                log.warning("renewing lease %s/%s takes longer than the %.1fs left before the renew deadline",
+                            self.leases.namespace, self.leases.name, remaining)
                 continue
             except Exception as exc:  # retried until the deadline
                 log.warning("cannot renew lease %s/%s: %s", self.leases.namespace, self.leases.name,
@@ -242,21 +256,28 @@ class LeaderElector:
         return 0.0 if self._valid_until is None else self._valid_until - self._clock()
 
     async def release(self) -> None:
-        """Give the Lease up (holder cleared) if we hold it, so a successor need not wait."""
+        """Give the Lease up (holder cleared) if we hold it, so a successor need not wait; the
+        elector's thread ends (a later ``acquire`` starts another)."""
         was_holding = self.holding()
         self._valid_until = None
-        if not was_holding:
-            return
         try:
-            lease = await self._io(self.leases.get)
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-                return
-            spec = dict(lease.get("spec") or {})
-            spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=micro_time(self._wall()))
-            await self._io(self.leases.replace, lease, spec)
+            if was_holding:
+                await self._clear_holder()
         except Exception as exc:  # the successor waits the lease duration instead
             log.warning("could not release lease %s/%s: %s", self.leases.namespace, self.leases.name,
                         _first_line(exc))
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
+
+    async def _clear_holder(self) -> None:
+        lease = await self._io(self.leases.get)
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        spec = dict(lease.get("spec") or {})
+        spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=micro_time(self._wall()))
+        await self._io(self.leases.replace, lease, spec)
 
 
 Work = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
