@@ -82,11 +82,14 @@ async def serve(settings: Settings, *, dry_run: bool, role: Role = "all",
     async with contextlib.AsyncExitStack() as running:
         running.callback(_close_quietly, api)
         main: list[asyncio.Task[Any]] = []
+        registry = None  # with the extender, the actuator's series are on its /metrics too
         if extender:
-            main.extend(await _start_extender(settings, tenants, api, stop, running,
-                                              dry_run=dry_run and actuator))
+            readiness, registry = await _start_extender(settings, tenants, api, stop, running,
+                                                        dry_run=dry_run and actuator)
+            main.append(readiness)
         if actuator:
-            main.append(asyncio.create_task(_actuate(settings, api, stop, dry_run=dry_run), name="actuator"))
+            main.append(asyncio.create_task(_actuate(settings, api, stop, dry_run=dry_run, registry=registry),
+                                            name="actuator"))
         stopping = asyncio.create_task(stop.wait(), name="stop")
         try:
             if actuator:
@@ -104,8 +107,10 @@ async def serve(settings: Settings, *, dry_run: bool, role: Role = "all",
 
 
 async def _start_extender(settings: Settings, tenants: Any, api: Any, stop: asyncio.Event,
-                          running: contextlib.AsyncExitStack, *, dry_run: bool) -> list[asyncio.Task[Any]]:
-    """The extender's feeds and HTTP server, stopped when ``running`` closes; its readiness task."""
+                          running: contextlib.AsyncExitStack, *,
+                          dry_run: bool) -> tuple[asyncio.Task[Any], Any]:
+    """The extender's feeds and HTTP server, stopped when ``running`` closes; its readiness task
+    and the Prometheus registry its ``/metrics`` serves."""
     from scheduler_hooks.cluster.feeds import (
         Feed,
         KafkaFeed,
@@ -137,15 +142,18 @@ async def _start_extender(settings: Settings, tenants: Any, api: Any, stop: asyn
     running.push_async_callback(asyncio.to_thread, stop_all, feeds)
     print(f"gpumeter hooks: extender on {server.url}{' (actuator dry run)' if dry_run else ''}; "
           f"loading {', '.join(state.waiting_for)}", file=sys.stderr, flush=True)
-    return [asyncio.create_task(_announce_ready(state, stop, freeze_heap), name="readiness")]
+    return (asyncio.create_task(_announce_ready(state, stop, freeze_heap), name="readiness"),
+            server.metrics.registry)
 
 
-async def _actuate(settings: Settings, api: Any, stop: asyncio.Event, *, dry_run: bool) -> None:
-    """The actuator during each term of leadership of the Lease, until ``stop``."""
+async def _actuate(settings: Settings, api: Any, stop: asyncio.Event, *, dry_run: bool,
+                   registry: Any = None) -> None:
+    """The actuator during each term of leadership of the Lease, until ``stop``; ``registry``:
+    where its Prometheus series go (None: nowhere served, ``--role actuator`` has no listener)."""
     from kubernetes import client as k8s
 
     from scheduler_hooks.actuator import leader
-    from scheduler_hooks.actuator.service import Actuator
+    from scheduler_hooks.actuator.service import Actuator, untrusted_events_counter
 
     hooks = settings.hooks
     timings = leader.LeaseTimings(hooks.lease_duration_seconds, hooks.renew_deadline_seconds,
@@ -153,6 +161,7 @@ async def _actuate(settings: Settings, api: Any, stop: asyncio.Event, *, dry_run
     leases = leader.LeaseClient(k8s.CoordinationV1Api(api), hooks.lease_namespace, hooks.lease_name,
                          request_timeout=hooks.renew_deadline_seconds)
     elector = leader.LeaderElector(leases, leader.default_identity(), timings)
+    untrusted = untrusted_events_counter(registry)  # one series across terms
     where = f"{hooks.lease_namespace}/{hooks.lease_name}"
     print(f"gpumeter hooks: actuator {elector.identity} waiting for lease {where}"
           f"{' (dry run)' if dry_run else ''}", file=sys.stderr, flush=True)
@@ -168,8 +177,8 @@ async def _actuate(settings: Settings, api: Any, stop: asyncio.Event, *, dry_run
     async def term(ended: asyncio.Event) -> None:
         # A fresh actuator each term: nothing decided in an earlier term is trusted, it starts from
         # the committed offsets and the pods' annotations as any successor does.
-        actuator = Actuator.from_settings(settings, dry_run=dry_run, api=api, may_act=elector.holding,
-                                          instance=elector.identity)
+        actuator = Actuator.from_settings(settings, dry_run=dry_run, api=api, untrusted=untrusted,
+                                          may_act=elector.holding, instance=elector.identity)
         await actuator.run(ended)
 
     await leader.lead(elector, term, stop, on_change=said)

@@ -50,11 +50,11 @@ def test_each_role_starts_only_its_part(monkeypatch: pytest.MonkeyPatch, role: A
                                         started: set[str]) -> None:
     seen: set[str] = set()
 
-    async def start_extender(*args: Any, **kwargs: Any) -> list[asyncio.Task[Any]]:
+    async def start_extender(*args: Any, **kwargs: Any) -> tuple[asyncio.Task[Any], Any]:
         seen.add("extender")
-        return []
+        return asyncio.create_task(asyncio.sleep(0)), None
 
-    async def actuate(settings: Any, api: Any, stop: asyncio.Event, *, dry_run: bool) -> None:
+    async def actuate(settings: Any, api: Any, stop: asyncio.Event, *, dry_run: bool, registry: Any) -> None:
         seen.add("actuator")  # the Lease is taken in here, and only here
         await stop.wait()
 
