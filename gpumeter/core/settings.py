@@ -187,6 +187,21 @@ class QuotaSettings(BaseModel):
     reload_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
 
 
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# A DNS-1123 subdomain, as Kubernetes requires of object names.
+KUBE_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+KUBE_NAMESPACE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def pod_namespace(namespace_file: Path = SERVICE_ACCOUNT_NAMESPACE_FILE) -> str:
+    """The namespace this pod runs in (its service account's), else ``default`` (outside a pod)."""
+    try:
+        found = namespace_file.read_text().strip()
+    except OSError:
+        return "default"
+    return found or "default"
+
+
 class HooksSettings(BaseModel):
     """`gpumeter hooks`: the scheduler extender HTTP service and the quota actuator (contract 6)."""
 
@@ -207,6 +222,31 @@ class HooksSettings(BaseModel):
     # records not consumed yet when it was sent) waits this long at worst; aiokafka's 500 ms
     # default was a tail of quota enforcement. Smaller costs only idle fetches.
     actuator_fetch_max_wait_ms: Annotated[int, Field(ge=1, le=10_000)] = 50
+    # The actuator acts only while it holds this coordination.k8s.io/v1 Lease (contract 9).
+    lease_name: Annotated[str, Field(min_length=1, max_length=253, pattern=KUBE_NAME)] = "gpumeter-actuator"
+    lease_namespace: Annotated[str, Field(min_length=1, max_length=63, pattern=KUBE_NAMESPACE)] = Field(
+        default_factory=pod_namespace)
+    # How long a candidate waits, from the last change of the Lease it saw, before taking it over.
+    lease_duration_seconds: Annotated[int, Field(ge=2, le=3600)] = 15
+    # The leader stops acting when it has not renewed for this long: below the duration, so it
+    # has stopped before anyone else can take the Lease.
+    renew_deadline_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    # Between attempts to acquire or renew.
+    retry_period_seconds: Annotated[float, Field(gt=0, le=600)] = 2.0
+
+    @model_validator(mode="after")
+    def _lease_timings_ordered(self) -> HooksSettings:
+        if not self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError(
+                f"hooks.renew_deadline_seconds ({self.renew_deadline_seconds:g}) must be below "
+                f"hooks.lease_duration_seconds ({self.lease_duration_seconds}): a leader that cannot renew "
+                "must stop acting before another can take the lease")
+        if not self.retry_period_seconds < self.renew_deadline_seconds:
+            raise ValueError(
+                f"hooks.retry_period_seconds ({self.retry_period_seconds:g}) must be below "
+                f"hooks.renew_deadline_seconds ({self.renew_deadline_seconds:g}): a renewal must get "
+                "more than one try before the deadline")
+        return self
 
 
 class ApiSettings(BaseModel):

@@ -30,6 +30,7 @@ from scheduler_hooks.actuator.kube_gateway import (
     status_message,
     withdraw_patch,
 )
+from scheduler_hooks.actuator.leader import NotLeading
 from scheduler_hooks.actuator.plan import Victim
 from scheduler_hooks.actuator.reclaim import RECLAIM_PREFIX
 from scheduler_hooks.actuator.records import RecordSink, pod_record
@@ -67,12 +68,15 @@ class Evictions:
 
     def __init__(self, kube: KubeGateway, sink: RecordSink, *, dry_run: bool, max_backoff: float,
                  io: RunIO, sleep: Callable[[float], Awaitable[None]], stopping: Callable[[], bool],
-                 post_event: PostEvent) -> None:
+                 post_event: PostEvent, act: RunIO | None = None) -> None:
         self.kube = kube
         self.sink = sink
         self.dry_run = dry_run
         self.max_backoff = max_backoff
         self._io = io
+        # Writes (notice, withdrawal, eviction) go through ``act``: it refuses (NotLeading) once
+        # this process no longer holds the actuator's Lease.
+        self._act = act or io
         self._sleep = sleep
         self._stopping = stopping
         self._event = post_event
@@ -122,8 +126,8 @@ class Evictions:
         pod, notice = victim.pod, victim.notice
         if victim.resumed:
             return InFlight(pod, notice, pod.notice_text)
-        status = await self._io(self.kube.patch_pod, pod.namespace, pod.name, notice_patch(pod.uid, notice),
-                                MERGE_PATCH)
+        status = await self._act(self.kube.patch_pod, pod.namespace, pod.name,
+                                 notice_patch(pod.uid, notice), MERGE_PATCH)
         if status != 200:
             log.info("%s is gone or replaced (HTTP %d): no notice", pod.key, status)
             return None
@@ -154,7 +158,9 @@ class Evictions:
                 fresh = False
                 log.debug("evicting %s (%s)", pod.key, notice.cause[:12])
                 try:
-                    status, body = await self._io(self.kube.evict, pod.namespace, pod.name, pod.uid)
+                    status, body = await self._act(self.kube.evict, pod.namespace, pod.name, pod.uid)
+                except NotLeading:
+                    raise
                 except Exception as exc:  # unreachable API server: same as a 5xx
                     status, body = 0, str(exc).encode()
                 outcome = classify_eviction(status, body)
@@ -182,6 +188,8 @@ class Evictions:
                 log.info("eviction of %s: %s (HTTP %d); next try in %.1fs", pod.key, outcome, status, delay)
                 attempt += 1
                 await self._sleep(delay)
+        except NotLeading:
+            log.info("eviction of %s left to the next leader: the lease is no longer held here", pod.key)
         finally:
             current = self._inflight.get(pod.uid)
             if current is flight:
@@ -225,8 +233,8 @@ class Evictions:
             flight.task.cancel()
         if self.dry_run:
             return
-        status = await self._io(self.kube.patch_pod, pod.namespace, pod.name, withdraw_patch(pod.notice_text),
-                                JSON_PATCH)
+        status = await self._act(self.kube.patch_pod, pod.namespace, pod.name,
+                                 withdraw_patch(pod.notice_text), JSON_PATCH)
         if status == 200:
             log.info("eviction notice on %s withdrawn: %s", pod.key, why)
             self._event(pod, "EvictionWithdrawn", f"gpumeter: eviction called off: {why}")

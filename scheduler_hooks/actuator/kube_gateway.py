@@ -110,11 +110,12 @@ def status_message(body: str | bytes | None) -> str:
 
 
 class KubeGateway:
-    def __init__(self, api: k8s.ApiClient) -> None:
+    def __init__(self, api: k8s.ApiClient, instance: str | None = None) -> None:
+        """``instance``: the ``reportingInstance`` of our Events (default: the host's name)."""
         self.api = api
         self.core = k8s.CoreV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
-        self._instance = socket.gethostname()
+        self._instance = instance or socket.gethostname()
 
     # -- reads ------------------------------------------------------------------------------
     def _list(self, call: Callable[..., Any], *args: Any, **selectors: str) -> list[dict[str, Any]]:

@@ -54,8 +54,12 @@ Durability, and why a replayed event evicts nobody twice
   id) after its own crash; the same guard folds it.
 - Record ids are sha256(cause, pod uid, action): replays fold.
 
-Single replica: two actuators would each plan and race on the same notices (no leader
-election here).
+Several replicas: only the holder of the actuator's Lease runs this (leader.py, wired by
+``gpumeter hooks``); ``may_act`` is asked right before every write to the API server (notice,
+withdrawal, eviction, queue change), so a process whose Lease ran out sends nothing more even
+before its loops have wound down. A new leader starts from the committed offsets and the
+annotations on the pods, exactly as a restarted actuator does (above): noticed pods keep their
+deadline, evicted ones are terminating or gone (404: nothing to do), nobody is noticed twice.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ from quota.trust import Distrust, distrust
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.evictions import Evictions
 from scheduler_hooks.actuator.kube_gateway import KubeGateway
+from scheduler_hooks.actuator.leader import NotLeading
 from scheduler_hooks.actuator.offsets import OffsetTracker
 from scheduler_hooks.actuator.plan import (
     BLOCKING,
@@ -118,6 +123,13 @@ FETCH_WAIT_MS = 100
 MAX_IN_FLIGHT = 2000  # events fetched, not yet handled
 
 
+def untrusted_events_counter(registry: CollectorRegistry | None = None) -> Counter:
+    """The actuator's count of ignored quota events, in ``registry`` (made once per registry)."""
+    return Counter(
+        "gpumeter_actuator_untrusted_events", "Quota events ignored because the tenants file disagrees",
+        ["reason"], registry=registry if registry is not None else CollectorRegistry())
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -137,8 +149,11 @@ class Actuator:
         reclaim_seconds: float = RECLAIM_SECONDS,
         queue_sync_seconds: float = QUEUE_SYNC_SECONDS,
         registry: CollectorRegistry | None = None,
+        untrusted: Counter | None = None,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         self.settings = settings
+        self.may_act = may_act
         self.dry_run = dry_run
         self.kube = kube
         self.tenants = tenants
@@ -151,9 +166,7 @@ class Actuator:
         self._handled: set[str] = set()  # event ids planned by this process
         self.recoveries = Recoveries()
         self.read_ahead = ReadAhead(settings, settings.kafka.topic(QUOTA_EVENTS), self.recoveries)
-        self.untrusted = Counter(
-            "gpumeter_actuator_untrusted_events", "Quota events ignored because the tenants file disagrees",
-            ["reason"], registry=registry if registry is not None else CollectorRegistry())
+        self.untrusted = untrusted if untrusted is not None else untrusted_events_counter(registry)
         self._node_labels = RefreshingCache(self._read_node_labels, NODE_CACHE_SECONDS, self._spawn,
                                             what="the nodes' labels")
         self._namespace_labels = RefreshingCache(self._read_namespace_labels, NAMESPACE_CACHE_SECONDS,
@@ -170,17 +183,22 @@ class Actuator:
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self.evictions = Evictions(kube, self.sink, dry_run=dry_run, max_backoff=self.max_backoff,
                                    io=self._io, sleep=self._sleep, stopping=lambda: self._stop.is_set(),
-                                   post_event=self._event)
+                                   post_event=self._event, act=self._act)
 
     @classmethod
     def from_settings(cls, settings: Settings, dry_run: bool, api: ApiClient | None = None,
-                      registry: CollectorRegistry | None = None) -> Actuator:
+                      registry: CollectorRegistry | None = None, untrusted: Counter | None = None,
+                      may_act: Callable[[], bool] = lambda: True, instance: str | None = None) -> Actuator:
         """``api``: a Kubernetes client to share (``gpumeter hooks`` has one); else the
         in-cluster account or the kubeconfig, as every controller finds them. ``registry``:
-        where its Prometheus series go (the extender's, served on ``/metrics``)."""
+        where its Prometheus series go (the extender's, served on ``/metrics``); ``untrusted``:
+        the counter made there once (``untrusted_events_counter``) when actuators follow each other
+        in one process. ``may_act``: the Lease is held (leader.py); ``instance``: who reports the
+        Events (the Lease identity)."""
         return cls(settings, dry_run=dry_run or settings.hooks.dry_run,
-                   kube=KubeGateway(api if api is not None else kube_api_client()),
-                   tenants=TenantsSource(settings.tenants), registry=registry)
+                   kube=KubeGateway(api if api is not None else kube_api_client(), instance=instance),
+                   tenants=TenantsSource(settings.tenants), registry=registry, untrusted=untrusted,
+                   may_act=may_act)
 
     @property
     def group(self) -> str:
@@ -234,6 +252,8 @@ class Actuator:
         while not self._stop.is_set():
             try:
                 await work()
+            except NotLeading:
+                return  # the Lease ran out: the actuator is stopping
             except Exception:  # a periodic pass failing (API server away) is retried next period
                 log.exception("%s failed; again in %.0fs", getattr(work, "__name__", "work"), seconds)
             await self._sleep(seconds)
@@ -247,9 +267,19 @@ class Actuator:
         loop's default pool is a handful of threads shared with everything else in the process)."""
         return await _in_thread(self._pool, call, *args)
 
+    async def _act(self, call: Callable[..., T], *args: Any) -> T:
+        """A write to the API server, sent only while this process holds the Lease (asked right
+        before sending: an answer that comes back after the Lease ran out was sent before)."""
+        if not self.may_act():
+            raise NotLeading("this actuator does not hold the lease")
+        return await self._io(call, *args)
+
     async def _queue_io(self, call: Callable[..., T], *args: Any) -> T:
         """Volcano queue work, one call at a time on a thread of its own: a long sync pass (the
-        first one creates a queue per tenant) never holds up an eviction's API calls."""
+        first one creates a queue per tenant) never holds up an eviction's API calls. Queue
+        passes write, so they too run only while the Lease is held."""
+        if not self.may_act():
+            raise NotLeading("this actuator does not hold the lease")
         return await _in_thread(self._queues_pool, call, *args)
 
     def _spawn(self, work: Awaitable[Any]) -> None:
@@ -308,8 +338,8 @@ class Actuator:
             if previous is not None:
                 await asyncio.wait([previous])  # order within the tenant; its outcome is its own
             async with self._tenant_slots:
-                await self._handle_with_retry(event, position)
-            if not self._stop.is_set():
+                handled = await self._handle_with_retry(event, position)
+            if handled and not self._stop.is_set():
                 done()
 
         task = asyncio.create_task(run())
@@ -321,12 +351,16 @@ class Actuator:
 
         task.add_done_callback(forget)
 
-    async def _handle_with_retry(self, event: QuotaEvent, position: Position) -> None:
+    async def _handle_with_retry(self, event: QuotaEvent, position: Position) -> bool:
+        """True once handled; False if stopped first (or the Lease ran out): left uncommitted,
+        the next run or leader reads it again."""
         attempt = 0
         while not self._stop.is_set():
             try:
                 await self.handle(event, position)
-                return
+                return True
+            except NotLeading:
+                return False
             except Exception as exc:  # API server or stores away: the event is retried, never dropped
                 delay = backoff_seconds(attempt, self.max_backoff)
                 reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -334,6 +368,7 @@ class Actuator:
                             event.event_id[:12], event.tenant, event.metric, event.level, reason, delay)
                 attempt += 1
                 await self._sleep(delay)
+        return False
 
     async def handle(self, event: QuotaEvent, position: Position | None = None) -> None:
         """One quota event: its queue, and preemption (exceeded) or withdrawal (recovered), the

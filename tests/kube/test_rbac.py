@@ -50,6 +50,11 @@ def apply_rbac(api: k8s.ApiClient) -> None:
         "ClusterRole": (k8s.V1ClusterRole, rbac.create_cluster_role, rbac.replace_cluster_role),
         "ClusterRoleBinding": (k8s.V1ClusterRoleBinding, rbac.create_cluster_role_binding,
                                rbac.replace_cluster_role_binding),
+        "Role": (k8s.V1Role, lambda body: rbac.create_namespaced_role(SA_NAMESPACE, body),
+                 lambda name, body: rbac.replace_namespaced_role(name, SA_NAMESPACE, body)),
+        "RoleBinding": (k8s.V1RoleBinding,
+                        lambda body: rbac.create_namespaced_role_binding(SA_NAMESPACE, body),
+                        lambda name, body: rbac.replace_namespaced_role_binding(name, SA_NAMESPACE, body)),
     }
     for doc in rbac_documents():
         model, create, replace = writers[doc["kind"]]
@@ -62,14 +67,20 @@ def apply_rbac(api: k8s.ApiClient) -> None:
             replace(doc["metadata"]["name"], body)  # applied earlier in the session: the file's again
 
 
-def service_account_client(kube: Kube, api: k8s.ApiClient) -> k8s.ApiClient:
-    """A client authenticated as the hooks ServiceAccount (a fresh bound token)."""
+def service_account_token(api: k8s.ApiClient) -> str:
+    """A fresh bound token of the hooks ServiceAccount (an hour)."""
     core = k8s.CoreV1Api(api)
     spec = k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
     request = k8s.AuthenticationV1TokenRequest(spec=spec)
     status = core.create_namespaced_service_account_token(SA_NAME, SA_NAMESPACE, request).status
     assert status is not None and status.token
     token: str = status.token
+    return token
+
+
+def service_account_client(kube: Kube, api: k8s.ApiClient) -> k8s.ApiClient:
+    """A client authenticated as the hooks ServiceAccount (a fresh bound token)."""
+    token = service_account_token(api)
     configuration = k8s.Configuration(host=kube.server, api_key={"BearerToken": token},
                                       api_key_prefix={"BearerToken": "Bearer"}, ssl_ca_cert=str(kube.ca_file))
     return k8s.ApiClient(configuration)
@@ -97,6 +108,7 @@ def allowed(api: k8s.ApiClient, verb: str, resource: str, *, group: str = "", su
 
 
 VOLCANO = "scheduling.volcano.sh"
+COORDINATION = "coordination.k8s.io"
 NEEDED = [
     *[("pods", "", "", verb, ns) for verb in ("get", "list", "watch", "patch") for ns in ("team-ns", "")],
     ("pods", "", "eviction", "create", "team-ns"),
@@ -104,6 +116,7 @@ NEEDED = [
     ("events", "", "", "create", "team-ns"),
     *[("queues", VOLCANO, "", verb, "") for verb in ("get", "list", "watch", "create", "update", "patch")],
     *[("queues", VOLCANO, "status", verb, "") for verb in ("get", "update", "patch")],
+    *[("leases", COORDINATION, "", verb, SA_NAMESPACE) for verb in ("get", "create", "update")],
 ]
 FORBIDDEN = [
     ("pods", "", "", "delete", "team-ns"),
@@ -126,6 +139,10 @@ FORBIDDEN = [
     ("clusterroles", "rbac.authorization.k8s.io", "", "escalate", ""),
     ("clusterrolebindings", "rbac.authorization.k8s.io", "", "create", ""),
     ("deployments", "apps", "", "patch", "team-ns"),
+    # The Lease grant is its own namespace's only: not node heartbeats, not others' elections.
+    *[("leases", COORDINATION, "", verb, ns) for verb in ("get", "update", "create")
+      for ns in ("kube-node-lease", "kube-system", "")],
+    *[("leases", COORDINATION, "", verb, SA_NAMESPACE) for verb in ("delete", "list", "watch", "patch")],
 ]
 
 
@@ -142,8 +159,9 @@ def test_hooks_may_not(admin: k8s.ApiClient, resource: str, group: str, subresou
 
 
 def test_rules_name_no_wildcards() -> None:
-    [role] = [doc for doc in rbac_documents() if doc["kind"] == "ClusterRole"]
-    for rule in role["rules"]:
+    roles = [doc for doc in rbac_documents() if doc["kind"] in ("ClusterRole", "Role")]
+    assert len(roles) == 2
+    for rule in (rule for role in roles for rule in role["rules"]):
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key], rule
         assert "resourceNames" not in rule and "nonResourceURLs" not in rule

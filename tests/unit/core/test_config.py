@@ -618,3 +618,51 @@ def test_a_missing_clickhouse_password_file_is_one_line_naming_the_setting(tmp_p
     settings = load_settings(env={"GPUMETER_CLICKHOUSE_PASSWORD_FILE": str(tmp_path / "absent")})
     with pytest.raises(ConfigError, match=r"^clickhouse.password_file .*absent: No such file"):
         settings.clickhouse.connection_dsn()
+
+
+def test_lease_settings_default_and_from_env(tmp_path):
+    settings = load_settings(env={})
+    assert (settings.hooks.lease_name, settings.hooks.lease_duration_seconds) == ("gpumeter-actuator", 15)
+    assert (settings.hooks.renew_deadline_seconds, settings.hooks.retry_period_seconds) == (10.0, 2.0)
+    tuned = load_settings(env={"GPUMETER_HOOKS_LEASE_NAME": "actuator-blue",
+                               "GPUMETER_HOOKS_LEASE_NAMESPACE": "ops",
+                               "GPUMETER_HOOKS_LEASE_DURATION_SECONDS": "8",
+                               "GPUMETER_HOOKS_RENEW_DEADLINE_SECONDS": "5",
+                               "GPUMETER_HOOKS_RETRY_PERIOD_SECONDS": "1"})
+    assert (tuned.hooks.lease_name, tuned.hooks.lease_namespace) == ("actuator-blue", "ops")
+    assert (tuned.hooks.lease_duration_seconds, tuned.hooks.renew_deadline_seconds) == (8, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        pytest.param("gpumeter-system\n", "gpumeter-system", id="service-account-file"),
+        pytest.param("", "default", id="empty-file"),
+        pytest.param(None, "default", id="outside-a-pod"),
+    ],
+)
+def test_lease_namespace_is_the_pods_own(tmp_path, content, expected):
+    from gpumeter.core.settings import pod_namespace
+
+    path = tmp_path / "namespace"
+    if content is not None:
+        path.write_text(content)
+    assert pod_namespace(path) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        pytest.param({"GPUMETER_HOOKS_RENEW_DEADLINE_SECONDS": "15"}, "renew_deadline_seconds",
+                     id="deadline-equals-duration"),
+        pytest.param({"GPUMETER_HOOKS_LEASE_DURATION_SECONDS": "5"}, "renew_deadline_seconds",
+                     id="duration-below-deadline"),
+        pytest.param({"GPUMETER_HOOKS_RETRY_PERIOD_SECONDS": "10"}, "retry_period_seconds",
+                     id="retry-equals-deadline"),
+        pytest.param({"GPUMETER_HOOKS_LEASE_NAME": "Not_A_Name"}, "lease_name", id="bad-lease-name"),
+    ],
+)
+def test_lease_settings_out_of_order_are_refused(env, words):
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env=env)
+    assert words in str(caught.value)
