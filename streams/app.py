@@ -32,10 +32,11 @@ from faust.types import TP
 from gpumeter.core import topics
 from gpumeter.core.settings import KafkaSettings, Settings
 from gpumeter.infra import kafka as kafka_admin
-from streams import metrics
+from streams import kafka_log, metrics
 from streams.batch_writer import BatchWriter
 from streams.dead_letter_agent import add_dead_letter_sink
 from streams.faust_consumer import seek_safe_transport
+from streams.kafka_log import KafkaErrorThrottle
 from streams.quota_agent import add_quota
 from streams.ratecards import RateCardWatcher
 from streams.rating_agent import add_rating
@@ -52,6 +53,7 @@ def _raw_topic(app: faust.App, name: str) -> Any:
 class WorkerApp:
     app: faust.App
     writers: tuple[BatchWriter, ...]
+    kafka_errors: KafkaErrorThrottle
 
 
 class _SeekSafeApp(faust.App):
@@ -112,7 +114,9 @@ def create_app(settings: Settings) -> WorkerApp:
     quota = add_quota(app, settings, rated_topic, quota_topic, dead_topic, sink)
 
     pending = {"rated": 0, "dead letters": 0, "quota events": 0}
-    metrics.serve(metrics.WorkerCollector(stage.counters, sink.counters, pending), worker.metrics_port)
+    kafka_errors = KafkaErrorThrottle()
+    metrics.serve(metrics.WorkerCollector(stage.counters, sink.counters, pending, kafka_errors),
+                  worker.metrics_port)
 
     @app.timer(1.0)
     async def measure_pending() -> None:
@@ -142,7 +146,7 @@ def create_app(settings: Settings) -> WorkerApp:
                  sink.counters.failures, quota.processor.counters.records, quota.processor.counters.replayed,
                  quota.processor.counters.events)
 
-    return WorkerApp(app, (rated_writer, dead_writer, quota.writer))
+    return WorkerApp(app, (rated_writer, dead_writer, quota.writer), kafka_errors)
 
 
 class _Worker(faust.Worker):
@@ -152,14 +156,21 @@ class _Worker(faust.Worker):
     A writer retrying a batch would otherwise hold the shutdown until ClickHouse answers.
     """
 
-    def __init__(self, app: faust.App, writers: Sequence[BatchWriter], **kwargs: Any) -> None:
+    def __init__(self, app: faust.App, writers: Sequence[BatchWriter],
+                 kafka_errors: KafkaErrorThrottle | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self._writers = writers
+        self._kafka_errors = kafka_errors
         # faust's start-up spinner sets the root logger to DEBUG so that every record turns
         # it, and leaves it there: each debug call of aiokafka and faust (several per produce
         # request) then built a LogRecord for handlers that drop it, ~3 % of the worker's CPU.
         # Without the spinner the root logger keeps --loglevel.
         self.spinner = None
+
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        super().on_setup_root_logger(logger, level)
+        if self._kafka_errors is not None:  # a broker outage: one line per kind per minute
+            kafka_log.install(self._kafka_errors, logger)
 
     def _schedule_shutdown(self, signum: signal.Signals) -> None:
         for writer in self._writers:
@@ -188,6 +199,6 @@ def tune_gc() -> None:
 def run_worker(settings: Settings, loglevel: str = "warn") -> None:
     """Run the worker until SIGTERM/SIGINT: unstored batches stay uncommitted."""
     built = create_app(settings)
-    worker = _Worker(built.app, built.writers, loglevel=loglevel, quiet=True)
+    worker = _Worker(built.app, built.writers, built.kafka_errors, loglevel=loglevel, quiet=True)
     tune_gc()  # after the start-up objects exist
     worker.execute_from_commandline()

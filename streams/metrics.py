@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from streams.kafka_log import KafkaErrorThrottle
 from streams.sink import SinkCounters
 from streams.stage import StageCounters
 
@@ -16,10 +17,12 @@ log = logging.getLogger(__name__)
 
 
 class WorkerCollector(Collector):
-    def __init__(self, stage: StageCounters, sink: SinkCounters, pending: dict[str, int]) -> None:
+    def __init__(self, stage: StageCounters, sink: SinkCounters, pending: dict[str, int],
+                 kafka_errors: KafkaErrorThrottle | None = None) -> None:
         self.stage = stage
         self.sink = sink
         self.pending = pending  # rows held unacknowledged, by writer name
+        self.kafka_errors = kafka_errors
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         samples = CounterMetricFamily("gpumeter_worker_samples", "Samples read, by outcome",
@@ -45,6 +48,11 @@ class WorkerCollector(Collector):
         for writer, rows in sorted(self.pending.items()):
             pending.add_metric([writer], rows)
         yield pending
+        if self.kafka_errors is not None:
+            yield CounterMetricFamily(
+                "gpumeter_worker_kafka_client_errors",
+                "Warnings and errors the Kafka clients logged (a broker away: logged once a minute)",
+                value=self.kafka_errors.errors)
 
 
 def serve(collector: WorkerCollector, port: int) -> bool:

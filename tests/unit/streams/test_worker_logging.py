@@ -9,6 +9,7 @@ import faust
 import pytest
 
 from streams.app import _Worker
+from streams.kafka_log import KafkaErrorThrottle
 
 
 @pytest.fixture
@@ -35,3 +36,17 @@ def test_root_logger_keeps_the_requested_level(root_logger: logging.Logger, logl
     # A debug call from a library is dropped before any record is built.
     assert not logging.getLogger("aiokafka.conn").isEnabledFor(logging.DEBUG)
     assert not any(type(handler).__name__ == "SpinnerHandler" for handler in root_logger.handlers)
+
+
+def test_the_worker_throttles_kafka_client_errors_on_the_root_handlers(root_logger: logging.Logger) -> None:
+    app = faust.App("gpumeter-test-logging-2", broker="kafka://127.0.0.1:1", autodiscover=False,
+                    web_enabled=False)
+    throttle = KafkaErrorThrottle()
+    worker = _Worker(app, (), throttle, loglevel="warn", quiet=True)
+    handler = logging.StreamHandler()
+    root_logger.handlers[:] = [handler]
+    worker.on_setup_root_logger(root_logger, logging.WARNING)
+    assert throttle in handler.filters
+    unreachable = logging.LogRecord("aiokafka.conn", logging.ERROR, __file__, 1, "Unable connect to %s",
+                                    ("n1",), None)
+    assert [handler.filter(unreachable) for _ in range(3)] == [True, False, False]
