@@ -144,7 +144,9 @@ def test_healthz_needs_no_token(api: Api) -> None:
 
 @pytest.mark.parametrize("path", ENDPOINTS)
 @pytest.mark.parametrize(
-    "authorization", [None, "Bearer", "Bearer not-a-token", f"Basic {TOKENS['finance']}", TOKENS["finance"]]
+    "authorization",
+    [None, "Bearer", "Bearer not-a-token", f"Basic {TOKENS['finance']}", TOKENS["finance"]],
+    ids=["no-header", "bearer-without-token", "unknown-token", "basic-scheme", "token-without-scheme"],
 )
 def test_missing_or_unknown_token_is_401(api: Api, path: str, authorization: str | None) -> None:
     headers = {} if authorization is None else {"Authorization": authorization}
@@ -182,17 +184,40 @@ def test_a_tenant_token_on_another_tenants_data_is_404_like_a_missing_tenant(api
 @pytest.mark.parametrize(
     ("path", "params", "reason"),
     [
-        ("/v1/invoices", {"period": "2026-13"}, "period must be YYYY-MM (e.g. 2026-11)"),
-        ("/v1/invoices", {"period": "2026-1"}, "period must be YYYY-MM (e.g. 2026-11)"),
-        ("/v1/invoices", {}, "period must be YYYY-MM (e.g. 2026-11)"),
-        ("/v1/tenants/team-a/invoices/2026-00", {}, "period must be YYYY-MM (e.g. 2026-11)"),
-        ("/v1/tenants/team-a/invoices/2026-11", {"format": "xml"}, "format must be json, csv or pdf"),
-        (
+        pytest.param(
+            "/v1/invoices", {"period": "2026-13"}, "period must be YYYY-MM (e.g. 2026-11)", id="month-13"
+        ),
+        pytest.param(
+            "/v1/invoices",
+            {"period": "2026-1"},
+            "period must be YYYY-MM (e.g. 2026-11)",
+            id="one-digit-month",
+        ),
+        pytest.param("/v1/invoices", {}, "period must be YYYY-MM (e.g. 2026-11)", id="no-period"),
+        pytest.param(
+            "/v1/tenants/team-a/invoices/2026-00",
+            {},
+            "period must be YYYY-MM (e.g. 2026-11)",
+            id="month-zero-in-the-path",
+        ),
+        pytest.param(
+            "/v1/tenants/team-a/invoices/2026-11",
+            {"format": "xml"},
+            "format must be json, csv or pdf",
+            id="unknown-format",
+        ),
+        pytest.param(
             "/v1/tenants/team-a/invoices/2026-11",
             {"format": "pdf", "paper": "A3"},
             "paper must be A4 or Letter",
+            id="unknown-paper",
         ),
-        ("/v1/tenants/team-a/usage", {"period": "nov"}, "period must be YYYY-MM (e.g. 2026-11)"),
+        pytest.param(
+            "/v1/tenants/team-a/usage",
+            {"period": "nov"},
+            "period must be YYYY-MM (e.g. 2026-11)",
+            id="usage-period-a-month-name",
+        ),
     ],
 )
 def test_malformed_period_format_or_paper_is_400_with_one_reason(

@@ -307,6 +307,13 @@ def write_tenants(path: Path, tenants: list[dict[str, Any]]) -> Path:
     return path
 
 
+def tenants_file(cluster: Cluster, directory: Path, *policies: dict[str, Any]) -> Path:
+    """A tenants file of ``policies`` in ``directory``; the Volcano queues the actuator creates for
+    these tenants are deleted after the test."""
+    cluster.forget_queues(*(policy["tenant"] for policy in policies))
+    return write_tenants(directory / "tenants.yaml", list(policies))
+
+
 # The actuator acts on quota events of the current period only (contract 4, amendment "trust").
 THIS_MONTH = period_key(datetime.now(UTC), "month")
 
@@ -388,20 +395,12 @@ def test_gpu_hours_preemption_of_one_tenant_with_pdb_queue_and_replays(
 ) -> None:
     tag = secrets.token_hex(3)
     team_a, team_b = f"ta-{tag}", f"tb-{tag}"
-    cluster.forget_queues(team_a, team_b)
     settings.hooks.eviction_max_backoff_seconds = 1.0
-    tenants = write_tenants(
-        tmp_path / "tenants.yaml",
-        [
-            {
-                "tenant": team_a,
-                "gpu_hours": "10",
-                "max_gpus": "8",
-                "on_exceed": "preempt",
-                "grace_seconds": 2,
-            },
-            {"tenant": team_b, "gpu_hours": "10", "on_exceed": "preempt", "grace_seconds": 2},
-        ],
+    tenants = tenants_file(
+        cluster,
+        tmp_path,
+        {"tenant": team_a, "gpu_hours": "10", "max_gpus": "8", "on_exceed": "preempt", "grace_seconds": 2},
+        {"tenant": team_b, "gpu_hours": "10", "on_exceed": "preempt", "grace_seconds": 2},
     )
     node_0, node_1 = gpu_nodes(2, gpus_per_node=8)
     low = cluster.priority_class(-10)
@@ -525,10 +524,8 @@ def test_max_gpus_evicts_in_order_only_until_within_the_limit(
 ) -> None:
     tag = secrets.token_hex(3)
     team = f"tc-{tag}"
-    cluster.forget_queues(team)
-    tenants = write_tenants(
-        tmp_path / "tenants.yaml",
-        [{"tenant": team, "max_gpus": "3", "on_exceed": "preempt", "grace_seconds": 0}],
+    tenants = tenants_file(
+        cluster, tmp_path, {"tenant": team, "max_gpus": "3", "on_exceed": "preempt", "grace_seconds": 0}
     )
     [node] = gpu_nodes(1, gpus_per_node=8)
     low, high = cluster.priority_class(-10), cluster.priority_class(100)
@@ -569,10 +566,8 @@ def test_dry_run_records_every_decision_and_changes_nothing(
     tmp_path: Path,
 ) -> None:
     team = f"td-{secrets.token_hex(3)}"
-    cluster.forget_queues(team)
-    tenants = write_tenants(
-        tmp_path / "tenants.yaml",
-        [{"tenant": team, "spend": "100.00", "on_exceed": "preempt", "grace_seconds": 0}],
+    tenants = tenants_file(
+        cluster, tmp_path, {"tenant": team, "spend": "100.00", "on_exceed": "preempt", "grace_seconds": 0}
     )
     [node] = gpu_nodes(1, gpus_per_node=4)
     ns = cluster.namespace(team)
@@ -608,8 +603,7 @@ def test_spot_pods_make_room_for_a_pod_that_may_not_run_on_spot(
 ) -> None:
     tag = secrets.token_hex(3)
     team = f"te-{tag}"
-    cluster.forget_queues(team)
-    tenants = write_tenants(tmp_path / "tenants.yaml", [{"tenant": team, "grace_seconds": 1}])
+    tenants = tenants_file(cluster, tmp_path, {"tenant": team, "grace_seconds": 1})
     pool = {"gpumeter.io/test-pool": tag}
     [node] = gpu_nodes(1, gpus_per_node=2, capacity_type="on-demand", labels=pool)
     ns = cluster.namespace(team)
@@ -690,13 +684,11 @@ def test_usage_through_the_real_worker_crosses_gpu_hours_and_evicts_through_a_wo
 ) -> None:
     tag = secrets.token_hex(3)
     team_a, team_b = f"wa-{tag}", f"wb-{tag}"
-    cluster.forget_queues(team_a, team_b)
-    tenants = write_tenants(
-        tmp_path / "tenants.yaml",
-        [
-            {"tenant": team_a, "gpu_hours": "3", "on_exceed": "preempt", "grace_seconds": 0},
-            {"tenant": team_b, "gpu_hours": "100", "on_exceed": "preempt", "grace_seconds": 0},
-        ],
+    tenants = tenants_file(
+        cluster,
+        tmp_path,
+        {"tenant": team_a, "gpu_hours": "3", "on_exceed": "preempt", "grace_seconds": 0},
+        {"tenant": team_b, "gpu_hours": "100", "on_exceed": "preempt", "grace_seconds": 0},
     )
     settings.tenants = tenants
     [node] = gpu_nodes(1, gpus_per_node=8)
@@ -789,13 +781,11 @@ def test_notices_called_off_by_hand_or_by_recovery_are_not_evicted(
 ) -> None:
     tag = secrets.token_hex(3)
     hasty, patient = f"th-{tag}", f"tp-{tag}"
-    cluster.forget_queues(hasty, patient)
-    tenants = write_tenants(
-        tmp_path / "tenants.yaml",
-        [
-            {"tenant": hasty, "gpu_hours": "1", "on_exceed": "preempt", "grace_seconds": 15},
-            {"tenant": patient, "max_gpus": "0", "on_exceed": "preempt", "grace_seconds": 600},
-        ],
+    tenants = tenants_file(
+        cluster,
+        tmp_path,
+        {"tenant": hasty, "gpu_hours": "1", "on_exceed": "preempt", "grace_seconds": 15},
+        {"tenant": patient, "max_gpus": "0", "on_exceed": "preempt", "grace_seconds": 600},
     )
     [node] = gpu_nodes(1, gpus_per_node=4)
     ns_h, ns_p = cluster.namespace(hasty), cluster.namespace(patient)
@@ -866,10 +856,10 @@ def test_an_exceeded_cancelled_far_later_in_the_backlog_evicts_nobody(
     tenant's events are handled in order, so the crossing is decided before the consumer can
     fetch the recovery), with the actuator down while both were published."""
     team = f"tk-{secrets.token_hex(3)}"
-    cluster.forget_queues(team)
-    tenants = write_tenants(
-        tmp_path / "tenants.yaml",
-        [{"tenant": team, "gpu_hours": "10", "spend": "100.00", "on_exceed": "preempt", "grace_seconds": 0}],
+    tenants = tenants_file(
+        cluster,
+        tmp_path,
+        {"tenant": team, "gpu_hours": "10", "spend": "100.00", "on_exceed": "preempt", "grace_seconds": 0},
     )
     [node] = gpu_nodes(1, gpus_per_node=2)
     ns = cluster.namespace(team)

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -68,20 +69,6 @@ def scheduler_config(url_prefix: str, *, ignorable: bool | None = None) -> dict[
     return config
 
 
-def bound_node(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
-    spec = core.read_namespaced_pod(name, namespace).spec
-    return spec.node_name if spec else None
-
-
-def scheduling_failure(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
-    """The message of a FailedScheduling event for the pod, once there is one."""
-    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
-    for event in events:
-        if event.reason == "FailedScheduling" and event.message:
-            return str(event.message)
-    return None
-
-
 def topology(node: str, count: int, link: Callable[[int, int], str]) -> NodeTopology:
     gpus = [
         GpuDevice(index=i, uuid=f"GPU-{node}-{i}", model="M", numa_node=i * 2 // count) for i in range(count)
@@ -99,6 +86,42 @@ def allocation(node: str, namespace: str, pod: str, uid: str, indices: list[int]
 def core(kube: Kube) -> Iterator[k8s.CoreV1Api]:
     with kube.api_client() as api:
         yield k8s.CoreV1Api(api)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A test's namespace, the GPU nodes labelled for it (its pods select them) and the
+    kube-scheduler the test starts."""
+
+    core: k8s.CoreV1Api
+    namespace: str
+    create_gpu_nodes: CreateGpuNodes
+    start_scheduler: StartScheduler
+
+    def gpu_nodes(self, count: int, **options: Any) -> list[str]:
+        return self.create_gpu_nodes(count, labels={POOL_LABEL: self.namespace}, **options)
+
+    def create_pod(self, name: str, **options: Any) -> None:
+        self.core.create_namespaced_pod(self.namespace, pod_manifest(name, pool=self.namespace, **options))
+
+    def bound_node(self, name: str) -> str | None:
+        spec = self.core.read_namespaced_pod(name, self.namespace).spec
+        return spec.node_name if spec else None
+
+    def scheduling_failure(self, name: str) -> str | None:
+        """The message of a FailedScheduling event for the pod, once there is one."""
+        selector = f"involvedObject.name={name}"
+        for event in self.core.list_namespaced_event(self.namespace, field_selector=selector).items:
+            if event.reason == "FailedScheduling" and event.message:
+                return str(event.message)
+        return None
+
+
+@pytest.fixture
+def pool(
+    core: k8s.CoreV1Api, kube_namespace: str, kube_scheduler: StartScheduler, gpu_nodes: CreateGpuNodes
+) -> Pool:
+    return Pool(core, kube_namespace, gpu_nodes, kube_scheduler)
 
 
 @pytest.fixture
@@ -124,18 +147,11 @@ def prioritize_calls(live: LiveHooks) -> float:
 # --------------------------------------------------------------------------
 
 
-def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(
-    core: k8s.CoreV1Api,
-    kube_namespace: str,
-    kube_scheduler: StartScheduler,
-    gpu_nodes: CreateGpuNodes,
-    extender: LiveHooks,
-) -> None:
-    pool = kube_namespace
-    nodes = gpu_nodes(2, gpus_per_node=8, labels={POOL_LABEL: pool})
-    core.patch_namespace(kube_namespace, {"metadata": {"labels": {TENANT_LABEL: "team-blocked"}}})
+def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(pool: Pool, extender: LiveHooks) -> None:
+    nodes = pool.gpu_nodes(2, gpus_per_node=8)
+    pool.core.patch_namespace(pool.namespace, {"metadata": {"labels": {TENANT_LABEL: "team-blocked"}}})
     eventually(
-        lambda: extender.call(lambda: extender.state.view.tenant_of(kube_namespace)) == "team-blocked",
+        lambda: extender.call(lambda: extender.state.view.tenant_of(pool.namespace)) == "team-blocked",
         "the namespace's tenant label watched",
     )
     exceeded = QuotaEvent(
@@ -150,49 +166,33 @@ def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(
         at=AT,
     )
     extender.call(lambda: extender.state.apply_quota_event(exceeded))
-    kube_scheduler(scheduler_config(f"{extender.url}/kube"))
+    pool.start_scheduler(scheduler_config(f"{extender.url}/kube"))
 
-    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool=pool, gpus=2))
-    message = eventually(
-        lambda: scheduling_failure(core, kube_namespace, "trainer"), "FailedScheduling event"
-    )
+    pool.create_pod("trainer", gpus=2)
+    message = eventually(lambda: pool.scheduling_failure("trainer"), "FailedScheduling event")
     assert "gpumeter: tenant team-blocked over gpu_hours quota" in message
-    assert bound_node(core, kube_namespace, "trainer") is None
+    assert pool.bound_node("trainer") is None
 
     # The same pod schedules once the tenant recovers: the refusal was ours, nothing else.
     recovered = exceeded.model_copy(update={"event_id": "e2e-recovered", "level": "recovered",
                                             "used": Decimal("9.5")})
     extender.call(lambda: extender.state.apply_quota_event(recovered))
     # Pods refused by an extender go back to the queue on any cluster event: a node update.
-    core.patch_node(nodes[0], {"metadata": {"labels": {"gpumeter.io/nudge": "1"}}})
-    assert (
-        eventually(lambda: bound_node(core, kube_namespace, "trainer"), "trainer bound after recovery")
-        in nodes
-    )
+    pool.core.patch_node(nodes[0], {"metadata": {"labels": {"gpumeter.io/nudge": "1"}}})
+    assert eventually(lambda: pool.bound_node("trainer"), "trainer bound after recovery") in nodes
 
 
-def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(
-    core: k8s.CoreV1Api,
-    kube_namespace: str,
-    kube_scheduler: StartScheduler,
-    gpu_nodes: CreateGpuNodes,
-    extender: LiveHooks,
-) -> None:
-    pool = kube_namespace
-    [nvlink] = gpu_nodes(
-        1, gpus_per_node=8, gpu_model="H100-SXM-80GB", labels={POOL_LABEL: pool}, name_prefix="h100"
-    )
-    pcie = gpu_nodes(3, gpus_per_node=4, gpu_model="L40S-48GB", labels={POOL_LABEL: pool}, name_prefix="l40s")
+def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(pool: Pool, extender: LiveHooks) -> None:
+    [nvlink] = pool.gpu_nodes(1, gpus_per_node=8, gpu_model="H100-SXM-80GB", name_prefix="h100")
+    pcie = pool.gpu_nodes(3, gpus_per_node=4, gpu_model="L40S-48GB", name_prefix="l40s")
     # What the cluster and the agents agree on: on the H100 box 6 of 8 GPUs are taken, leaving
     # GPUs 6 and 7 (NV18, like every pair there); on each L40S box GPUs 1 and 3 are taken,
     # leaving 0 and 2, which sit under different CPU sockets (SYS). Every node has 2 free.
     holders = {nvlink: (6, [0, 1, 2, 3, 4, 5])} | {node: (2, [1, 3]) for node in pcie}
     for index, (node, (count, _)) in enumerate(holders.items()):
-        core.create_namespaced_pod(
-            kube_namespace, pod_manifest(f"holder-{index}", pool=pool, gpus=count, node_name=node)
-        )
+        pool.create_pod(f"holder-{index}", gpus=count, node_name=node)
     for index, (node, (_, indices)) in enumerate(holders.items()):
-        meta = core.read_namespaced_pod(f"holder-{index}", kube_namespace).metadata
+        meta = pool.core.read_namespaced_pod(f"holder-{index}", pool.namespace).metadata
         assert meta is not None and meta.uid
         uid = str(meta.uid)
         layout = (
@@ -200,7 +200,7 @@ def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(
         )
         records = (
             topology(node, 8 if node == nvlink else 4, layout),
-            allocation(node, kube_namespace, f"holder-{index}", uid, indices),
+            allocation(node, pool.namespace, f"holder-{index}", uid, indices),
         )
 
         def feed(records: tuple[NodeTopology, NodeAllocation] = records) -> None:
@@ -212,38 +212,29 @@ def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(
         lambda: extender.call(lambda: all(extender.state.placement.free(n) == 2 for n in holders)),
         "holders watched: 2 free GPUs everywhere",
     )
-    kube_scheduler(scheduler_config(f"{extender.url}/kube"))
+    pool.start_scheduler(scheduler_config(f"{extender.url}/kube"))
 
-    core.create_namespaced_pod(kube_namespace, pod_manifest("trainer", pool=pool, gpus=2))
-    assert eventually(lambda: bound_node(core, kube_namespace, "trainer"), "trainer bound") == nvlink
+    pool.create_pod("trainer", gpus=2)
+    assert eventually(lambda: pool.bound_node("trainer"), "trainer bound") == nvlink
     assert prioritize_calls(extender) >= 1  # the choice went through our scores
 
 
 @pytest.mark.parametrize("ignorable", [False, True], ids=["ignorable-false", "ignorable-true"])
-def test_extender_down(
-    core: k8s.CoreV1Api,
-    kube_namespace: str,
-    kube_scheduler: StartScheduler,
-    gpu_nodes: CreateGpuNodes,
-    ignorable: bool,
-) -> None:
-    pool = kube_namespace
-    gpu_nodes(1, gpus_per_node=8, labels={POOL_LABEL: pool})
+def test_extender_down(pool: Pool, ignorable: bool) -> None:
+    pool.gpu_nodes(1, gpus_per_node=8)
     nobody = f"http://127.0.0.1:{free_port()}/kube"  # nothing listens there
-    kube_scheduler(scheduler_config(nobody, ignorable=ignorable))
+    pool.start_scheduler(scheduler_config(nobody, ignorable=ignorable))
 
-    core.create_namespaced_pod(kube_namespace, pod_manifest("gpu-pod", pool=pool, gpus=1))
-    core.create_namespaced_pod(kube_namespace, pod_manifest("cpu-pod", pool=pool))
+    pool.create_pod("gpu-pod", gpus=1)
+    pool.create_pod("cpu-pod")
     # Pods without nvidia.com/gpu are never sent to the extender (managedResources).
-    eventually(lambda: bound_node(core, kube_namespace, "cpu-pod"), "cpu-pod bound")
+    eventually(lambda: pool.bound_node("cpu-pod"), "cpu-pod bound")
     if ignorable:
-        eventually(lambda: bound_node(core, kube_namespace, "gpu-pod"), "gpu-pod bound without the extender")
+        eventually(lambda: pool.bound_node("gpu-pod"), "gpu-pod bound without the extender")
     else:
-        message = eventually(
-            lambda: scheduling_failure(core, kube_namespace, "gpu-pod"), "FailedScheduling event"
-        )
+        message = eventually(lambda: pool.scheduling_failure("gpu-pod"), "FailedScheduling event")
         assert "connection refused" in message, message
-        assert bound_node(core, kube_namespace, "gpu-pod") is None
+        assert pool.bound_node("gpu-pod") is None
 
 
 @pytest.mark.integration

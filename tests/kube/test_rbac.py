@@ -146,13 +146,25 @@ FORBIDDEN = [
 ]
 
 
-@pytest.mark.parametrize(("resource", "group", "subresource", "verb", "namespace"), NEEDED)
+def access(resource: str, group: str, subresource: str, verb: str, namespace: str) -> str:
+    """A test id for one access: ``patch-pods-in-team-ns``, ``get-queues/status-cluster-wide``."""
+    what = f"{resource}/{subresource}" if subresource else resource
+    return f"{verb}-{what}-{f'in-{namespace}' if namespace else 'cluster-wide'}"
+
+
+@pytest.mark.parametrize(
+    ("resource", "group", "subresource", "verb", "namespace"), NEEDED, ids=[access(*case) for case in NEEDED]
+)
 def test_hooks_may(admin: k8s.ApiClient, resource: str, group: str, subresource: str, verb: str,
                    namespace: str) -> None:
     assert allowed(admin, verb, resource, group=group, subresource=subresource, namespace=namespace)
 
 
-@pytest.mark.parametrize(("resource", "group", "subresource", "verb", "namespace"), FORBIDDEN)
+@pytest.mark.parametrize(
+    ("resource", "group", "subresource", "verb", "namespace"),
+    FORBIDDEN,
+    ids=[access(*case) for case in FORBIDDEN],
+)
 def test_hooks_may_not(admin: k8s.ApiClient, resource: str, group: str, subresource: str, verb: str,
                        namespace: str) -> None:
     assert not allowed(admin, verb, resource, group=group, subresource=subresource, namespace=namespace)

@@ -322,10 +322,10 @@ def test_empty_set_rejected():
 @pytest.mark.parametrize(
     ("setup", "words"),
     [
-        ("empty-dir", "no rate card"),
-        ("missing", "not found"),
-        ("bad-yaml", "YAML"),
-        ("list", "mapping"),
+        pytest.param("empty-dir", "no rate card", id="empty-directory"),
+        pytest.param("missing", "not found", id="missing-path"),
+        pytest.param("bad-yaml", "YAML", id="bad-yaml"),
+        pytest.param("list", "mapping", id="list-not-mapping"),
     ],
 )
 def test_rate_card_loading_errors(tmp_path, setup, words):

@@ -67,13 +67,16 @@ def test_text_names_the_value_the_client_stores(raw: str, precision: int, scale:
 @pytest.mark.parametrize(
     ("raw", "precision", "scale", "text"),
     [
-        ("1.5", 38, 12, "1.5"),  # within the scale: the value's own text
-        ("1.1234567890129", 38, 12, "1.123456789012"),  # beyond it: truncated, as the client does
+        # Within the scale: the value's own text.
+        pytest.param("1.5", 38, 12, "1.5", id="within-the-scale"),
+        # Beyond it: truncated, as the client does.
+        pytest.param("1.1234567890129", 38, 12, "1.123456789012", id="beyond-the-scale-truncated"),
         # 999999.99999999999999 rounded to 18 digits carries to 1000000: the client stores 1
-        ("0.99999999999999999999", 18, 6, "1.000000"),
-        ("1E+3", 38, 12, "1000.000000000000"),  # never exponent notation on the wire
-        ("1E-7", 38, 21, "0.000000100000000000000"),
-        ("-2.25", 18, 6, "-2.25"),
+        pytest.param("0.99999999999999999999", 18, 6, "1.000000", id="rounding-carries-to-one"),
+        # Never exponent notation on the wire.
+        pytest.param("1E+3", 38, 12, "1000.000000000000", id="positive-exponent-written-out"),
+        pytest.param("1E-7", 38, 21, "0.000000100000000000000", id="negative-exponent-written-out"),
+        pytest.param("-2.25", 18, 6, "-2.25", id="negative"),
     ],
 )
 def test_texts_computed_by_hand(raw: str, precision: int, scale: int, text: str) -> None:

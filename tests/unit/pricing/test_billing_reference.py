@@ -85,13 +85,20 @@ def test_contract_4b_example_1234_5_h100_hours():
 @pytest.mark.parametrize(
     ("quantity", "amount"),
     [
-        ("999.999999", "2500.00"),  # 999.999999 x 2.50 = 2499.9999975 -> 2500.00
-        ("1000", "2500.00"),  # exactly at the edge: all in the first band, 1000 x 2.50
-        ("1000.000001", "2500.00"),  # 2500 + 0.000001 x 2.25 = 2500.00000225 -> 2500.00
-        ("1001", "2502.25"),  # 2500 + 1 x 2.25 (not 2502.50: the extra hour is in band 2)
-        ("10000", "22750.00"),  # 2500 + 9000 x 2.25 = 2500 + 20250 = 22750
-        ("10001", "22752.00"),  # 22750 + 1 x 2.00
-        ("10500", "23750.00"),  # 2500 + 20250 + 500 x 2.00 = 23750 (crosses two edges)
+        # 999.999999 x 2.50 = 2499.9999975 -> 2500.00
+        pytest.param("999.999999", "2500.00", id="just-below-the-first-edge"),
+        # exactly at the edge: all in the first band, 1000 x 2.50
+        pytest.param("1000", "2500.00", id="at-the-first-edge"),
+        # 2500 + 0.000001 x 2.25 = 2500.00000225 -> 2500.00
+        pytest.param("1000.000001", "2500.00", id="just-past-the-first-edge"),
+        # 2500 + 1 x 2.25 (not 2502.50: the extra hour is in band 2)
+        pytest.param("1001", "2502.25", id="one-hour-into-band-2"),
+        # 2500 + 9000 x 2.25 = 2500 + 20250 = 22750
+        pytest.param("10000", "22750.00", id="at-the-second-edge"),
+        # 22750 + 1 x 2.00
+        pytest.param("10001", "22752.00", id="one-hour-into-band-3"),
+        # 2500 + 20250 + 500 x 2.00 = 23750 (crosses two edges)
+        pytest.param("10500", "23750.00", id="across-two-edges"),
     ],
 )
 def test_tier_band_edges(quantity, amount):
@@ -341,13 +348,20 @@ def test_one_tenant_split_over_months_gives_one_invoice_per_month():
 @pytest.mark.parametrize(
     ("kind", "quantity", "seconds", "amount"),
     [
-        ("cpu", "0.125", 3600, "0.01"),  # 0.125 core-h x 0.04 = 0.005 -> 0.01 (half-even would give 0.00)
-        ("memory", "5", 3600, "0.03"),  # 5 GiB-h x 0.005 = 0.025 -> 0.03 (half-even: 0.02)
-        ("memory", "1", 3600, "0.01"),  # 0.005 -> 0.01
-        ("memory", "0.999999", 3600, "0.00"),  # 0.004999995 -> 0.00
-        ("storage", "25", 3600, "0.01"),  # 25 x 0.0002 = 0.005 -> 0.01
-        ("storage", "24.999", 3600, "0.00"),  # 0.0049998 -> 0.00
-        ("cpu", "1", 450, "0.01"),  # 0.125 core-h x 0.04 = 0.005 -> 0.01
+        # 0.125 core-h x 0.04 = 0.005 -> 0.01 (half-even would give 0.00)
+        pytest.param("cpu", "0.125", 3600, "0.01", id="cpu-eighth-core-hour"),
+        # 5 GiB-h x 0.005 = 0.025 -> 0.03 (half-even: 0.02)
+        pytest.param("memory", "5", 3600, "0.03", id="memory-5-gib-hours"),
+        # 0.005 -> 0.01
+        pytest.param("memory", "1", 3600, "0.01", id="memory-1-gib-hour"),
+        # 0.004999995 -> 0.00
+        pytest.param("memory", "0.999999", 3600, "0.00", id="memory-just-below-half-a-cent"),
+        # 25 x 0.0002 = 0.005 -> 0.01
+        pytest.param("storage", "25", 3600, "0.01", id="storage-25-gib-hours"),
+        # 0.0049998 -> 0.00
+        pytest.param("storage", "24.999", 3600, "0.00", id="storage-just-below-half-a-cent"),
+        # 0.125 core-h x 0.04 = 0.005 -> 0.01
+        pytest.param("cpu", "1", 450, "0.01", id="cpu-one-core-for-450-seconds"),
     ],
 )
 def test_round_half_up_at_half_a_cent(kind, quantity, seconds, amount):

@@ -66,55 +66,67 @@ def test_the_old_single_month_fields_keep_their_meaning() -> None:
 @pytest.mark.parametrize(
     ("entry", "needle"),
     [
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: g, amount: "10.00", start: 2026-11, end: 2026-10}]}',
             "tenants.0.credit_grants.0: end 2026-10 is before start 2026-11",
+            id="grant-ending-before-it-starts",
         ),
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: g, amount: "10.00", start: 2026-13}]}',
             "tenants.0.credit_grants.0.start",
+            id="grant-starting-in-month-13",
         ),
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: g, amount: "-1", start: 2026-11}]}',
             "tenants.0.credit_grants.0.amount: must be >= 0",
+            id="negative-grant",
         ),
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: g, amount: "1.001", start: 2026-11}]}',
             "tenants.0.credit_grants.0.amount: has more than 2 decimal places",
+            id="grant-with-fractions-of-a-cent",
         ),
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: monthly, amount: "1", start: 2026-11}]}',
             "tenants.0.credit_grants.0.id: 'monthly' names the monthly credits allowance",
+            id="grant-named-monthly",
         ),
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: g, amount: "1", start: 2026-11}, '
             '{id: g, amount: "2", start: 2026-12}]}',
             "tenants.0.credit_grants: credit grant id listed more than once: g",
+            id="grant-id-listed-twice",
         ),
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: g, amount: "1"}]}',
             "tenants.0.credit_grants.0.start: Field required",
+            id="grant-without-start",
         ),
-        (
+        pytest.param(
             '{tenant: a, commitments: [{monthly: "1", start: 2026-11, end: 2027-01}, '
             '{monthly: "2", start: 2027-01}]}',
             "tenants.0.commitments: commitment terms starting 2026-11 and 2027-01 overlap",
+            id="overlapping-commitment-terms",
         ),
-        (
+        pytest.param(
             '{tenant: a, commitments: [{monthly: "1", start: 2026-11}, {monthly: "2", start: 2027-01}]}',
             "overlap",
+            id="open-ended-term-overlapping-the-next",
         ),
-        (
+        pytest.param(
             '{tenant: a, commitment: "5.00", commitments: [{monthly: "1", start: 2026-11}]}',
             "tenants.0: give either commitment (every month) or commitments (terms), not both",
+            id="commitment-and-commitments-both",
         ),
-        (
+        pytest.param(
             '{tenant: a, commitments: [{monthly: "1", start: 2026-11, until: 2027-01}]}',
             "tenants.0.commitments.0.until: Extra inputs are not permitted",
+            id="unknown-term-field",
         ),
-        (
+        pytest.param(
             '{tenant: a, credit_grants: [{id: g, amount: "1", start: 2026-11-01}]}',
             "tenants.0.credit_grants.0.start",
+            id="grant-start-a-date-not-a-month",
         ),
     ],
 )

@@ -403,8 +403,11 @@ def _state(processor: QuotaProcessor) -> str:
 
 
 @pytest.mark.parametrize(("on_exceed", "used", "expected"), [
-    ("block", 5, "ok"), ("block", 8, "warning"), ("block", 10, "blocked"), ("preempt", 12, "blocked"),
-    ("notify", 10, "exceeded"),
+    pytest.param("block", 5, "ok", id="block-below-the-warning"),
+    pytest.param("block", 8, "warning", id="block-at-the-warning"),
+    pytest.param("block", 10, "blocked", id="block-at-the-limit"),
+    pytest.param("preempt", 12, "blocked", id="preempt-over-the-limit"),
+    pytest.param("notify", 10, "exceeded", id="notify-at-the-limit"),
 ])
 def test_tenant_state(on_exceed: str, used: int, expected: str) -> None:
     processor = processor_for(tenants({"gpu_hours": 10, "warn_at": ["0.8"], "on_exceed": on_exceed}))

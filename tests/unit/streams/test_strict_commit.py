@@ -98,7 +98,7 @@ def test_a_run_one_past_the_committed_offset_is_not_committed() -> None:
     assert to_commit(consumer) == 121
 
 
-@pytest.mark.parametrize("committed", [None, 0])
+@pytest.mark.parametrize("committed", [None, 0], ids=["none-for-the-group", "offset-zero"])
 def test_without_a_committed_offset_the_run_must_start_where_the_consumer_was_put(
     committed: int | None,
 ) -> None:
@@ -110,7 +110,7 @@ def test_without_a_committed_offset_the_run_must_start_where_the_consumer_was_pu
     assert to_commit(consumer) == 61
 
 
-@pytest.mark.parametrize("committed", [None, 0])
+@pytest.mark.parametrize("committed", [None, 0], ids=["none-for-the-group", "offset-zero"])
 def test_a_partition_without_a_committed_offset_is_read_again_from_its_beginning(
     committed: int | None,
 ) -> None:

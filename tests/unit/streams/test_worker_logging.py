@@ -21,7 +21,10 @@ def root_logger() -> Iterator[logging.Logger]:
     root.handlers[:] = handlers
 
 
-@pytest.mark.parametrize(("loglevel", "expected"), [("warn", logging.WARNING), ("error", logging.ERROR)])
+@pytest.mark.parametrize(
+    ("loglevel", "expected"),
+    [pytest.param("warn", logging.WARNING, id="warn"), pytest.param("error", logging.ERROR, id="error")],
+)
 def test_root_logger_keeps_the_requested_level(root_logger: logging.Logger, loglevel: str,
                                                expected: int) -> None:
     app = faust.App("gpumeter-test-logging", broker="kafka://127.0.0.1:1", autodiscover=False,

@@ -36,17 +36,36 @@ def test_digests_map_to_a_tenant_or_finance(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ("tokens:\n  - {sha256: abc, tenant: team-a}\n", "tokens.0.sha256"),
-        (f"tokens:\n  - {{sha256: {sha('x')}}}\n", "tokens.0: a token has either a tenant or role: finance"),
-        (f"tokens:\n  - {{sha256: {sha('x')}, tenant: a, role: finance}}\n", "either a tenant or role"),
-        (f"tokens:\n  - {{sha256: {sha('x')}, role: admin}}\n", "tokens.0.role"),
-        (f"tokens:\n  - {{sha256: {sha('x')}, tenant: Team_A}}\n", "tokens.0.tenant"),
-        (
+        pytest.param(
+            "tokens:\n  - {sha256: abc, tenant: team-a}\n", "tokens.0.sha256", id="not-a-sha256-digest"
+        ),
+        pytest.param(
+            f"tokens:\n  - {{sha256: {sha('x')}}}\n",
+            "tokens.0: a token has either a tenant or role: finance",
+            id="neither-tenant-nor-role",
+        ),
+        pytest.param(
+            f"tokens:\n  - {{sha256: {sha('x')}, tenant: a, role: finance}}\n",
+            "either a tenant or role",
+            id="both-tenant-and-role",
+        ),
+        pytest.param(
+            f"tokens:\n  - {{sha256: {sha('x')}, role: admin}}\n", "tokens.0.role", id="unknown-role"
+        ),
+        pytest.param(
+            f"tokens:\n  - {{sha256: {sha('x')}, tenant: Team_A}}\n", "tokens.0.tenant", id="invalid-tenant"
+        ),
+        pytest.param(
             f"tokens:\n  - {{sha256: {sha('x')}, tenant: a}}\n  - {{sha256: {sha('x')}, tenant: b}}\n",
             "a sha256 digest is listed more than once",
+            id="digest-listed-twice",
         ),
-        ("tokens:\n  - {token: secret, tenant: a}\n", "tokens.0.token: Extra inputs are not permitted"),
-        ("- just a list\n", "a tokens file is a YAML mapping"),
+        pytest.param(
+            "tokens:\n  - {token: secret, tenant: a}\n",
+            "tokens.0.token: Extra inputs are not permitted",
+            id="plain-token-instead-of-digest",
+        ),
+        pytest.param("- just a list\n", "a tokens file is a YAML mapping", id="not-a-mapping"),
     ],
 )
 def test_a_bad_tokens_file_is_one_line_naming_the_file_and_field(

@@ -269,12 +269,13 @@ def test_pod_view_reads_the_fields_decisions_use() -> None:
 @pytest.mark.parametrize(
     ("phase", "node", "gpus", "holds"),
     [
-        ("Running", "gpu-0", 1, True),
-        ("Pending", "gpu-0", 1, True),  # bound, starting: the scheduler already counts its GPUs
-        ("Pending", None, 1, False),  # unbound holds nothing
-        ("Succeeded", "gpu-0", 1, False),
-        ("Failed", "gpu-0", 1, False),
-        ("Running", "gpu-0", 0, False),
+        pytest.param("Running", "gpu-0", 1, True, id="running"),
+        # Bound, starting: the scheduler already counts its GPUs.
+        pytest.param("Pending", "gpu-0", 1, True, id="pending-bound"),
+        pytest.param("Pending", None, 1, False, id="pending-unbound"),  # unbound holds nothing
+        pytest.param("Succeeded", "gpu-0", 1, False, id="succeeded"),
+        pytest.param("Failed", "gpu-0", 1, False, id="failed"),
+        pytest.param("Running", "gpu-0", 0, False, id="running-without-gpus"),
     ],
 )
 def test_which_pods_hold_gpus(phase: str, node: str | None, gpus: int, holds: bool) -> None:
@@ -602,18 +603,28 @@ THROTTLED_BODY = json.dumps(
 @pytest.mark.parametrize(
     ("status", "body", "outcome"),
     [
-        (201, '{"kind":"Status","status":"Success","code":201}', "evicted"),
-        (200, "", "evicted"),
-        (429, PDB_BODY, "pdb"),
-        (429, PDB_BODY.encode(), "pdb"),
-        (429, THROTTLED_BODY, "throttled"),
-        (429, "not json", "throttled"),
-        (429, None, "throttled"),
-        (404, '{"reason":"NotFound"}', "gone"),
-        (409, '{"reason":"Conflict","message":"the UID in the precondition (a) does not match"}', "gone"),
-        (500, '{"message":"This pod has more than one PodDisruptionBudget"}', "error"),
-        (0, "connection refused", "error"),
-        (403, '{"reason":"Forbidden"}', "error"),
+        pytest.param(201, '{"kind":"Status","status":"Success","code":201}', "evicted", id="201-created"),
+        pytest.param(200, "", "evicted", id="200-empty-body"),
+        pytest.param(429, PDB_BODY, "pdb", id="429-disruption-budget"),
+        pytest.param(429, PDB_BODY.encode(), "pdb", id="429-disruption-budget-as-bytes"),
+        pytest.param(429, THROTTLED_BODY, "throttled", id="429-too-many-requests"),
+        pytest.param(429, "not json", "throttled", id="429-body-not-json"),
+        pytest.param(429, None, "throttled", id="429-without-body"),
+        pytest.param(404, '{"reason":"NotFound"}', "gone", id="404-pod-gone"),
+        pytest.param(
+            409,
+            '{"reason":"Conflict","message":"the UID in the precondition (a) does not match"}',
+            "gone",
+            id="409-uid-precondition-failed",
+        ),
+        pytest.param(
+            500,
+            '{"message":"This pod has more than one PodDisruptionBudget"}',
+            "error",
+            id="500-more-than-one-disruption-budget",
+        ),
+        pytest.param(0, "connection refused", "error", id="no-response"),
+        pytest.param(403, '{"reason":"Forbidden"}', "error", id="403-forbidden"),
     ],
 )
 def test_classify_eviction(status: int, body: str | bytes | None, outcome: str) -> None:
@@ -629,14 +640,14 @@ def test_status_message() -> None:
 @pytest.mark.parametrize(
     ("attempt", "cap", "expected"),
     [
-        (0, 60, 1.0),
-        (1, 60, 2.0),
-        (2, 60, 4.0),
-        (5, 60, 32.0),
-        (6, 60, 60.0),
-        (50, 60, 60.0),
-        (5000, 60, 60.0),
-        (3, 2.5, 2.5),
+        pytest.param(0, 60, 1.0, id="first-attempt-waits-1s"),
+        pytest.param(1, 60, 2.0, id="second-attempt-doubles"),
+        pytest.param(2, 60, 4.0, id="third-attempt-doubles-again"),
+        pytest.param(5, 60, 32.0, id="last-attempt-below-the-cap"),
+        pytest.param(6, 60, 60.0, id="first-attempt-at-the-cap"),
+        pytest.param(50, 60, 60.0, id="attempt-50-stays-at-the-cap"),
+        pytest.param(5000, 60, 60.0, id="attempt-5000-stays-at-the-cap"),
+        pytest.param(3, 2.5, 2.5, id="fractional-cap"),
     ],
 )
 def test_backoff_seconds(attempt: int, cap: float, expected: float) -> None:
@@ -721,6 +732,19 @@ def spot_pod(name: str, gpus: int = 1, node_name: str = "gpu-0", **kwargs: Any) 
     return pod(name, gpus, node=node_name, labels=SPOT_LABEL, **kwargs)
 
 
+def with_affinity(*terms: dict[str, Any]) -> PodView:
+    """A waiting pod without node selector whose required node affinity is ``terms`` (ORed)."""
+    return waiting("p", node_selector={}, affinity=list(terms))
+
+
+def expression(key: str, operator: str, *values: str) -> dict[str, Any]:
+    """A node selector term of one match expression."""
+    requirement: dict[str, Any] = {"key": key, "operator": operator}
+    if values:
+        requirement["values"] = list(values)
+    return {"matchExpressions": [requirement]}
+
+
 @pytest.mark.parametrize(
     ("candidate", "target", "allowed"),
     [
@@ -728,44 +752,28 @@ def spot_pod(name: str, gpus: int = 1, node_name: str = "gpu-0", **kwargs: Any) 
         pytest.param(waiting("p"), node("n", labels=SPOT_LABEL), False, id="selector-rejects"),
         pytest.param(waiting("p"), node("n", unschedulable=True), False, id="cordoned"),
         pytest.param(
-            waiting(
-                "p",
-                node_selector={},
-                affinity=[{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}],
-            ),
+            with_affinity(expression("zone", "In", "a", "b")),
             node("n", labels={"zone": "b"}),
             True,
             id="affinity-in",
         ),
         pytest.param(
-            waiting(
-                "p",
-                node_selector={},
-                affinity=[{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["b"]}]}],
-            ),
+            with_affinity(expression("zone", "NotIn", "b")),
             node("n", labels={"zone": "b"}),
             False,
             id="affinity-notin",
         ),
         pytest.param(
-            waiting(
-                "p",
-                node_selector={},
-                affinity=[
-                    {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
-                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]},
-                ],
+            with_affinity(
+                expression("zone", "Exists"),
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]},
             ),
             node("n", labels={}),
             True,
             id="terms-are-ored",
         ),
         pytest.param(
-            waiting(
-                "p",
-                node_selector={},
-                affinity=[{"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]}]}],
-            ),
+            with_affinity(expression("gpus", "Gt", "4")),
             node("n", labels={"gpus": "8"}),
             True,
             id="affinity-gt",
@@ -818,43 +826,16 @@ def test_node_allows(candidate: PodView, target: NodeView, allowed: bool) -> Non
         ),
         pytest.param(waiting("p", node_selector={}), False, id="no-constraint"),
         pytest.param(
-            waiting(
-                "p",
-                node_selector={},
-                affinity=[
-                    {
-                        "matchExpressions": [
-                            {"key": "gpumeter.io/capacity-type", "operator": "NotIn", "values": ["spot"]}
-                        ]
-                    }
-                ],
-            ),
-            True,
-            id="affinity-notin",
+            with_affinity(expression("gpumeter.io/capacity-type", "NotIn", "spot")), True, id="affinity-notin"
         ),
         pytest.param(
-            waiting(
-                "p",
-                node_selector={},
-                affinity=[
-                    {"matchExpressions": [{"key": "cloud.google.com/gke-spot", "operator": "DoesNotExist"}]}
-                ],
-            ),
+            with_affinity(expression("cloud.google.com/gke-spot", "DoesNotExist")),
             True,
             id="affinity-doesnotexist",
         ),
         pytest.param(
-            waiting(
-                "p",
-                node_selector={},
-                affinity=[
-                    {
-                        "matchExpressions": [
-                            {"key": "gpumeter.io/capacity-type", "operator": "In", "values": ["on-demand"]}
-                        ]
-                    },
-                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
-                ],
+            with_affinity(
+                expression("gpumeter.io/capacity-type", "In", "on-demand"), expression("zone", "In", "a")
             ),
             False,
             id="one-term-admits-spot",
@@ -996,11 +977,11 @@ def test_node_view_reads_allocatable_and_taints() -> None:
 @pytest.mark.parametrize(
     ("max_gpus", "expected"),
     [
-        (None, None),
-        ("64", "64"),
-        ("100", "100"),
-        ("2.50", "2.5"),
-        ("0", "0"),
+        pytest.param(None, None, id="no-limit"),
+        pytest.param("64", "64", id="whole-gpus"),
+        pytest.param("100", "100", id="100-written-out-not-as-1E+2"),
+        pytest.param("2.50", "2.5", id="trailing-fraction-zero-dropped"),
+        pytest.param("0", "0", id="zero"),
     ],
 )
 def test_gpu_capability(max_gpus: str | None, expected: str | None) -> None:
