@@ -337,8 +337,14 @@ class ClickHouseSink:
         return _first_of(found)
 
     def _claim(self, client: Client, rows: list[Row]) -> None:
-        """Claim these rows' ids: their billing fields and source position into event_ids."""
-        if rows:
+        """Claim these rows' ids: their billing fields and source position into event_ids.
+        Rows that carry their rated lines send those, and the server takes the claim's fields
+        from them (encoding the values in the worker cost it ~13 µs a row)."""
+        if not rows:
+            return
+        if have_lines(RATED_USAGE, rows):
+            insert_lines(client, EVENT_IDS, rows, project=True)
+        else:
             insert_rows(client, EVENT_IDS, [tuple(row[i] for i in _CLAIM_VALUES) for row in rows], None)
 
     def _release(self, client: Client, rows: list[Row]) -> None:

@@ -167,7 +167,7 @@ _JSON_INPUT = {"date_time_input_format": "best_effort", "input_format_parallel_p
 
 
 def insert_lines(client: Client, table: Table, rows: Sequence[Sequence[Any]],
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None, project: bool = False) -> None:
     """Insert the lines ``rows`` carry (``rows.have_lines`` of a table whose columns they name).
 
     What the server's JSON parser stores differs from ``insert_rows`` only where a value has
@@ -181,10 +181,12 @@ def insert_lines(client: Client, table: Table, rows: Sequence[Sequence[Any]],
     validated records (priority is a checked int32) may carry lines.
 
     Columns a line does not name get their defaults; a field that is not a column is refused:
-    a rated line naming a field the table lacks means the two drifted apart.
+    a rated line naming a field the table lacks means the two drifted apart. ``project``: the
+    table takes some of the lines' fields (event_ids' claims from rated lines): the others are
+    skipped instead.
     """
     if not rows:
         return
     body = b"\n".join([row[-1] for row in rows])
-    options = {**_JSON_INPUT, **(settings or {}), "input_format_skip_unknown_fields": 0}
+    options = {**_JSON_INPUT, **(settings or {}), "input_format_skip_unknown_fields": int(project)}
     client.raw_insert(table.name, None, body, settings=options, fmt="JSONEachRow")

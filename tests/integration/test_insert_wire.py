@@ -182,9 +182,9 @@ def test_rated_lines_store_what_their_values_store(settings: Settings) -> None:
             assert sink.store_rated(as_lines[start:start + 100]).stored == len(as_lines[start:start + 100])
             assert sink.store_rated(as_values[start:start + 100]).stored == len(as_values[start:start + 100])
         batches = -(-len(rated) // 100)
-        # event_ids gets each batch's claims as values, before its rows (streams/sink.py)
+        # event_ids gets each batch's claims before its rows, the same way (streams/sink.py)
         assert counts == {"lines:rated_usage": batches, "values:rated_usage": batches,
-                          "values:event_ids": 2 * batches}
+                          "lines:event_ids": batches, "values:event_ids": batches}
         rated_columns = list(RATED_USAGE.insert_columns)
         ids_columns = list(EVENT_IDS.insert_columns)
         hourly = "(SELECT period, hour, tenant, rate_card, kind, gpu_model, mig_profile, capacity_type, " \
