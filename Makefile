@@ -10,7 +10,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml nati
 # cargo in native/ (rustup's ~/.cargo/bin when not on PATH), against the venv's Python (pyo3).
 CARGO := cd native && PATH="$$PATH:$$HOME/.cargo/bin" PYO3_PYTHON="$(abspath $(BIN)/python)" cargo
 
-.PHONY: install proto demo test lint unit native-test integration kube bench testbin browser up down status clean dashboards
+.PHONY: install proto demo test lint unit native-test integration kube bench testbin helm chart-lint manifests dist image browser up down status clean dashboards
 
 install: $(STAMP) $(NATIVE_STAMP)
 
@@ -45,6 +45,36 @@ lint: install proto
 
 testbin:
 	bash tests/kube/build.sh
+	bash tests/kube/build_helm.sh
+
+# helm (helm.sh/helm/v4 from the Go module proxy), cached beside the control-plane binaries.
+HELM = $$(bash tests/kube/build_helm.sh 2>/dev/null | tail -n 1)
+CHART := deploy/helm/gpumeter
+
+helm:
+	bash tests/kube/build_helm.sh
+
+chart-lint: helm
+	$(HELM) lint --strict $(CHART)
+	$(HELM) lint --strict $(CHART) -f deploy/helm/examples/production-values.yaml
+
+# The chart rendered with its default values, release `gpumeter` in gpumeter-system: what the
+# tests that read manifests read (tests/support/rendered.py). A test fails while it is stale.
+manifests: helm
+	$(HELM) template gpumeter $(CHART) --namespace gpumeter-system > deploy/rendered/gpumeter.yaml
+
+# The wheels the image installs: gpumeter and the native rating extension (built by maturin).
+dist: install
+	rm -rf dist && mkdir -p dist
+	PATH="$$PATH:$$HOME/.cargo/bin" $(BIN)/pip wheel --quiet --no-deps --wheel-dir dist . ./native
+	@ls dist
+
+# The one image of every component (Dockerfile): needs a Docker daemon and the base image.
+IMAGE ?= gpumeter:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)
+image:
+	@docker info >/dev/null 2>&1 || { echo "make image: no Docker daemon answers (docker info failed);" \
+	  "build where one runs and python:3.11-slim-bookworm can be pulled (make dist builds the wheels here)" >&2; exit 1; }
+	docker build -t $(IMAGE) .
 
 # Headless Chromium for the report's browser test (tests/e2e/test_report_browser.py): Debian's
 # package, installed where missing (CI machines run as root; elsewhere sudo is tried).
@@ -52,7 +82,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium; else sudo apt-get install -y -q chromium; fi; }
 
-test: install testbin browser lint native-test
+test: install testbin browser lint chart-lint native-test dist
 	$(BIN)/python -m pytest
 
 # The native crate's own tests (its validators, scanner, cache and row layout).
@@ -90,4 +120,4 @@ status: install
 	$(BIN)/gpumeter status
 
 clean:
-	rm -rf gpumeter-out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf gpumeter-out .pytest_cache .mypy_cache .ruff_cache dist build

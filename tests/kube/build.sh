@@ -101,6 +101,11 @@ for b in "${binaries[@]}"; do
 done
 stamp >"$staging/.stamp"
 
+# helm (build_helm.sh) shares this directory: carried over, not rebuilt.
+for f in helm .helm-stamp; do
+    if [[ -e "$bin_dir/$f" ]]; then cp -p "$bin_dir/$f" "$staging/$f"; fi
+done
+
 # Swap the finished directory in whole, so a failed build never leaves a
 # half-populated cache that the fixtures would try to use.
 rm -rf "$bin_dir"
