@@ -2,10 +2,10 @@
 
 Pods of two tenants run on KWOK GPU nodes; quota events are published to the quota events
 topic as the worker's quota stream writes them (QuotaEvent JSON, key = tenant); the actuator
-runs in this process with a token of the hooks ServiceAccount bound by deploy/hooks/rbac.yaml,
-so every call it makes is also a check of that RBAC. A watch on the tenants' namespaces sees
-every annotation any pod ever carried, so "never noticed" is an observation, not a timing
-guess; "the actuator has handled the event" is its consumer group's committed offset
+runs in this process with a token of the actuator's ServiceAccount, bound by the chart's RBAC
+(deploy/rendered/gpumeter.yaml), so every call it makes is also a check of that RBAC. A watch
+on the tenants' namespaces sees every annotation any pod ever carried, so "never noticed" is an
+observation, not a timing guess; "the actuator has handled the event" is its consumer group's committed offset
 reaching the end of the topic.
 
 Expected victims are worked out from contract 4 by hand in each test, never read from the

@@ -1,6 +1,6 @@
-"""deploy/agent against a real apiserver and kube-scheduler: the GKE overlay is accepted as rendered by
-kustomize, and the agent's pod lands on a tainted GPU node that only its cloud labels (no GPU feature
-discovery) mark, never on a CPU node.
+"""The chart's agent against a real apiserver and kube-scheduler: its GKE variant
+(agent.gkeDriverFromHost) is accepted as helm renders it, and the agent's pod lands on a tainted
+GPU node that only its cloud labels (no GPU feature discovery) mark, never on a CPU node.
 
 The test control plane runs no DaemonSet controller, so the test creates the pod that controller
 would: the template, pinned to one node by the same ``metadata.name`` node-affinity field the
@@ -10,26 +10,18 @@ the template's affinity and tolerations admit it)."""
 from __future__ import annotations
 
 import copy
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 
 from testkit.kube_cluster import Kube
+from tests.kube.chart import render
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 from tests.support.polling import eventually
+from tests.support.rendered import rendered
 
 pytestmark = [pytest.mark.agent, pytest.mark.kube]
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def documents(text: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(text) if d]
 
 
 def the_daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -37,17 +29,12 @@ def the_daemonset(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return found
 
 
-def test_the_gke_overlay_renders_and_is_accepted(kube: Kube, kube_namespace: str) -> None:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl (for kustomize) is needed to render deploy/agent-gke"
-    rendered = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / "deploy" / "agent-gke")], check=True, capture_output=True, text=True
-    ).stdout
-    daemonset = the_daemonset(documents(rendered))
+def test_the_gke_variant_renders_and_is_accepted(kube: Kube, kube_namespace: str) -> None:
+    daemonset = the_daemonset(render("gpumeter", "gpumeter-system", sets={"agent.gkeDriverFromHost": True}))
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
-    assert env["GPUMETER_KAFKA_BOOTSTRAP"]  # the base's settings survive the patch
+    assert env["GPUMETER_CONFIG"]  # the settings every variant reads
     assert {"mountPath": "/usr/local/nvidia", "name": "nvidia-driver", "readOnly": True} in container[
         "volumeMounts"
     ]
@@ -89,7 +76,7 @@ def test_the_agent_lands_on_tainted_cloud_labelled_gpu_nodes_and_not_on_cpu_node
         ],
     )
     (cpu,) = gpu_nodes(1, gpus_per_node=0, name_prefix="cpu-node")
-    daemonset = the_daemonset(documents((ROOT / "deploy" / "agent" / "daemonset.yaml").read_text()))
+    daemonset = the_daemonset(rendered())
     template = daemonset["spec"]["template"]
     with kube.api_client() as api:
         core = k8s.CoreV1Api(api)

@@ -1,19 +1,19 @@
-"""deploy/agent/daemonset.yaml against a real kube-apiserver: it is accepted as written, and its
-RBAC grants the agent exactly the reads it makes (checked by the apiserver's authorizer)."""
+"""The agent's objects as the chart renders them (deploy/rendered/gpumeter.yaml) against a real
+kube-apiserver: they are accepted, and the RBAC grants the agent exactly the reads it makes
+(checked by the apiserver's authorizer), never nodes/proxy."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 from kubernetes import utils
 
+from tests.support.rendered import rendered
+
 pytestmark = [pytest.mark.agent, pytest.mark.kube]
 
-MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "agent" / "daemonset.yaml"
 AGENT = "system:serviceaccount:gpumeter-system:gpumeter-agent"
 
 
@@ -39,13 +39,15 @@ def namespace_exists(api: Any, name: str) -> bool:
 
 def test_manifest_is_accepted_and_rbac_covers_the_agent(kube: Any) -> None:
     api = kube.api_client()
-    documents = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    documents = [d for d in rendered() if d["metadata"]["name"] == "gpumeter-agent"]
+    kinds = {d["kind"] for d in documents}
+    assert kinds == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"}
     # The hooks' tests deploy into the same namespace and leave it to the session.
     shared = namespace_exists(api, "gpumeter-system")
     try:
+        if not shared:
+            k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="gpumeter-system")))
         for document in documents:
-            if shared and document.get("kind") == "Namespace":
-                continue
             utils.create_from_dict(api, document)
         daemonset = k8s.AppsV1Api(api).read_namespaced_daemon_set("gpumeter-agent", "gpumeter-system")
         pod_spec = daemonset.spec.template.spec if daemonset.spec else None
@@ -54,7 +56,9 @@ def test_manifest_is_accepted_and_rbac_covers_the_agent(kube: Any) -> None:
         for resource in ("pods", "namespaces", "nodes", "persistentvolumeclaims"):
             for verb in ("get", "list", "watch"):
                 assert allowed(api, verb, resource), f"agent cannot {verb} {resource}"
-        assert allowed(api, "get", "nodes", "stats") and allowed(api, "get", "nodes", "proxy")
+        assert allowed(api, "get", "nodes", "stats")
+        # nodes/proxy would reach every kubelet API (exec, logs) through the apiserver.
+        assert not allowed(api, "get", "nodes", "proxy") and not allowed(api, "create", "nodes", "proxy")
         # Least privilege: it reads, it never writes.
         assert not allowed(api, "delete", "pods")
         assert not allowed(api, "create", "pods", "eviction")

@@ -1,6 +1,7 @@
 """End to end: the real kube-scheduler calling gpumeter's extender over HTTP (contract 6).
 
-The scheduler runs deploy/hooks/kube-scheduler-config.yaml itself, with only its urlPrefix
+The scheduler runs the chart's kube-scheduler-config.yaml (ConfigMap gpumeter-scheduler-config in
+deploy/rendered/gpumeter.yaml) itself, with only its urlPrefix
 pointed at a local server (plain HTTP on 127.0.0.1) and the cluster-specific client settings
 dropped. The extender is the production server and state, fed by the production Kubernetes
 watches (namespaces, nodes, pods) against the test apiserver; quota events and the agent's
@@ -41,11 +42,11 @@ from testkit.live_hooks import LiveHooks
 from tests.kube.fixtures import CreateGpuNodes, StartScheduler
 from tests.kube.pods import POOL_LABEL, pod_manifest
 from tests.support import polling
+from tests.support.rendered import find, rendered
 
 pytestmark = pytest.mark.kube
 
 REPO = Path(__file__).resolve().parents[2]
-SCHEDULER_CONFIG = REPO / "deploy" / "hooks" / "kube-scheduler-config.yaml"
 WAIT_S = 90.0
 AT = datetime(2026, 11, 5, 12, 0, tzinfo=UTC)
 # The hooks trust a quota event of the current period only (contract 4, amendment "trust").
@@ -56,9 +57,19 @@ TENANTS = TenantsFile(tenants=[TenantPolicy(tenant="team-blocked", gpu_hours=Dec
 eventually = functools.partial(polling.eventually, timeout=WAIT_S)
 
 
+def shipped_scheduler_configmap() -> dict[str, Any]:
+    return find(rendered(), "ConfigMap", "gpumeter-scheduler-config")
+
+
+def shipped_scheduler_config() -> dict[str, Any]:
+    text = shipped_scheduler_configmap()["data"]["kube-scheduler-config.yaml"]
+    config: dict[str, Any] = yaml.safe_load(text)
+    return config
+
+
 def scheduler_config(url_prefix: str, *, ignorable: bool | None = None) -> dict[str, Any]:
     """The shipped configuration, reaching the extender at ``url_prefix`` over plain HTTP."""
-    config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    config = shipped_scheduler_config()
     config.pop("clientConnection", None)  # the fixture points it at the test cluster
     [extender] = config["extenders"]
     extender["urlPrefix"] = url_prefix
@@ -325,33 +336,16 @@ def test_gpumeter_hooks_process_answers_from_kafka_and_the_cluster(
     assert code == 0, (tmp_path / "hooks.log").read_text()
 
 
-def test_deploy_manifests_are_accepted_and_name_our_routes(kube: Kube, kube_namespace: str) -> None:
-    """deploy/hooks as written: the apiserver accepts the Deployment, Service and the Volcano
-    ConfigMap (server-side dry run, in this test's namespace), and every verb both scheduler
-    configurations name is a route the server has."""
-    from kubernetes import utils
-
+def test_the_shipped_scheduler_configurations_name_our_routes() -> None:
+    """Every verb both scheduler configurations the chart renders name is a route the server has.
+    (tests/kube/test_helm_chart.py puts every rendered object before the apiserver.)"""
     from scheduler_hooks.extender.server import KUBE_VERBS, VOLCANO_VERBS
 
-    deploy = REPO / "deploy" / "hooks"
-    documents = [
-        d
-        for name in ("deployment.yaml", "volcano-scheduler-configmap.yaml")
-        for d in yaml.safe_load_all((deploy / name).read_text())
-        if d
-    ]
-    assert {d["kind"] for d in documents} == {"Deployment", "Service", "ConfigMap"}
-    with kube.api_client() as api:
-        for document in documents:
-            document["metadata"]["namespace"] = kube_namespace
-            utils.create_from_dict(api, document, namespace=kube_namespace, dry_run="All")
-
-    [extender] = yaml.safe_load(SCHEDULER_CONFIG.read_text())["extenders"]
+    [extender] = shipped_scheduler_config()["extenders"]
     kube_verbs = {extender[key] for key in ("filterVerb", "prioritizeVerb", "preemptVerb")}
     assert kube_verbs == set(KUBE_VERBS) and extender["urlPrefix"].endswith("/kube")
-    [configmap] = [d for d in documents if d["kind"] == "ConfigMap"]
-    conf = yaml.safe_load(configmap["data"]["volcano-scheduler.conf"])
-    [plugin] = [p for tier in conf["tiers"] for p in tier["plugins"] if p["name"] == "extender"]
+    [plugin] = yaml.safe_load(shipped_scheduler_configmap()["data"]["volcano-extender-plugin.yaml"])
+    assert plugin["name"] == "extender"
     arguments = plugin["arguments"]
     verbs = {value for key, value in arguments.items() if key.endswith("Verb")}
     assert verbs == set(VOLCANO_VERBS)

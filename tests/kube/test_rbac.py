@@ -1,6 +1,7 @@
-"""deploy/hooks/rbac.yaml on the real kube-apiserver: exactly what the hooks service needs.
+"""The quota actuator's RBAC as the chart renders it (deploy/rendered/gpumeter.yaml) on the real
+kube-apiserver: exactly what the actuator needs.
 
-The manifest is applied as written; SubjectAccessReview (the apiserver's own RBAC
+The objects are applied as rendered; SubjectAccessReview (the apiserver's own RBAC
 authorizer answering) is asked about the service account for every verb it needs and for
 the ones it must never have; then a token of that service account patches, evicts and is
 refused a delete and a secret, against live objects.
@@ -10,28 +11,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 
 from testkit.kube_cluster import Kube, wait_for_default_service_account
 from tests.kube.fixtures import CreateGpuNodes
+from tests.support.rendered import NAMESPACE, rendered
 
 pytestmark = pytest.mark.kube
 
-RBAC_FILE = Path(__file__).resolve().parents[2] / "deploy" / "hooks" / "rbac.yaml"
-SA_NAMESPACE = "gpumeter-system"
-SA_NAME = "gpumeter-hooks"
+SA_NAMESPACE = NAMESPACE
+SA_NAME = "gpumeter-actuator"
 SA_USER = f"system:serviceaccount:{SA_NAMESPACE}:{SA_NAME}"
 SA_GROUPS = ["system:serviceaccounts", f"system:serviceaccounts:{SA_NAMESPACE}", "system:authenticated"]
 WAIT_S = 60.0
 
 
 def rbac_documents() -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(RBAC_FILE.read_text()) if doc]
+    """The actuator's account, cluster role and binding (its Lease Role: tests/kube/test_helm_chart.py)."""
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    return [doc for doc in rendered() if doc["kind"] in kinds and doc["metadata"]["name"] == SA_NAME]
 
 
 def apply_rbac(api: k8s.ApiClient) -> None:

@@ -188,10 +188,10 @@ never talks to Kafka (it gets no principal, and a bootstrap that cannot resolve)
 {{- end -}}
 
 {{- define "gpumeter.podCommon" -}}
+securityContext:
+  {{- include "gpumeter.podSecurityContext" . | nindent 2 }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-securityContext:
-  {{- include "gpumeter.podSecurityContext" . | nindent 2 }}
 {{- end -}}

@@ -1,26 +1,24 @@
-"""deploy/agent as written: where the DaemonSet runs, what the NVIDIA runtime gives it (MIG monitoring),
-how it is probed, and an image recipe whose sources exist. (tests/kube/test_agent_manifest.py and
-tests/kube/test_agent_daemonset.py put the same files in front of a real apiserver and scheduler.)"""
+"""The agent's DaemonSet as the chart renders it (deploy/rendered/gpumeter.yaml, default values):
+where it runs, what the NVIDIA runtime gives it (MIG monitoring), how it is probed, and the image
+recipe (the root Dockerfile) whose sources exist. (tests/kube/test_agent_manifest.py and
+tests/kube/test_agent_daemonset.py put the same objects in front of a real apiserver and
+scheduler; tests/kube/test_helm_chart.py checks the rendering is current.)"""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+
+from tests.support.rendered import REPO as ROOT
+from tests.support.rendered import find, rendered
 
 pytestmark = pytest.mark.agent
 
-ROOT = Path(__file__).resolve().parents[4]
-DEPLOY = ROOT / "deploy" / "agent"
-
 
 def daemonset() -> dict[str, Any]:
-    documents = [d for d in yaml.safe_load_all((DEPLOY / "daemonset.yaml").read_text()) if d]
-    (found,) = [d for d in documents if d["kind"] == "DaemonSet"]
-    return found
+    return find(rendered(), "DaemonSet", "gpumeter-agent")
 
 
 def pod_spec() -> dict[str, Any]:
@@ -79,8 +77,9 @@ def matches(expression: dict[str, Any], labels: dict[str, str]) -> bool:
 
 def test_no_runtime_class_is_required() -> None:
     assert "runtimeClassName" not in pod_spec()
-    # ... and the manifest says how to add one where it is needed.
-    assert "# runtimeClassName: nvidia" in (DEPLOY / "daemonset.yaml").read_text()
+    # ... and the chart's values say how to add one where it is needed.
+    values = (ROOT / "deploy" / "helm" / "gpumeter" / "values.yaml").read_text()
+    assert re.search(r'^  runtimeClassName: ""$', values, re.MULTILINE)
 
 
 def test_mig_devices_are_visible_to_it() -> None:
@@ -107,7 +106,7 @@ def test_liveness_is_the_healthz_of_the_metrics_port() -> None:
 
 
 def test_the_image_recipe_copies_sources_that_exist_and_runs_the_agent() -> None:
-    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    dockerfile = (ROOT / "Dockerfile").read_text()
     sources = [
         source
         for line in dockerfile.splitlines()
@@ -123,9 +122,9 @@ def test_the_image_recipe_copies_sources_that_exist_and_runs_the_agent() -> None
     assert include is not None
     packages = {p.strip().strip('"').rstrip("*") for p in include.group(1).split(",")}
     assert packages <= {s.rstrip("/") for s in sources}
-    ignored = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "native/" in sources  # the worker's rating extension is compiled in the build stage
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert all(f"!{source}" in ignored for source in sources), "the build context leaves a source out"
-    exposed = re.search(r"^EXPOSE (\d+)$", dockerfile, re.MULTILINE)
-    assert exposed is not None and exposed.group(1) == env()["GPUMETER_AGENT_METRICS_PORT"]
     assert 'ENTRYPOINT ["gpumeter"]' in dockerfile
+    assert re.search(r"^USER \$\{UID\}", dockerfile, re.MULTILINE), "the runtime stage runs as non-root"
     assert agent()["command"] == ["gpumeter", "collect", "--source", "nvml"]
