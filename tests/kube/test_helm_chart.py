@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -31,8 +32,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from gpumeter.core.settings import KafkaSettings, Settings
-from gpumeter.infra import kafka
+from gpumeter.app import schema
+from gpumeter.core.settings import KafkaSettings, Settings, load_settings
+from gpumeter.infra import clickhouse, kafka
 from testkit.certs import CertificateAuthority
 from testkit.kube_cluster import Kube, free_port, write_kubeconfig
 from tests.kube.chart import CHART, PRODUCTION_VALUES, helm, render, render_text
@@ -142,7 +144,8 @@ def test_more_workers_than_sample_partitions_is_refused() -> None:
 
 
 def test_sasl_without_a_role_secret_is_refused() -> None:
-    others = [f"--set=kafka.credentials.{role}.secretName=kafka-{role}" for role in ("agent", "hooks", "insights")]
+    others = [f"--set=kafka.credentials.{role}.secretName=kafka-{role}"
+              for role in ("agent", "hooks", "insights")]
     refused = helm("template", "gpumeter", CHART, "--set", "kafka.securityProtocol=SASL_SSL", *others)
     assert refused.returncode != 0
     assert "kafka.credentials.worker.secretName is required with SASL_SSL" in refused.stderr
@@ -311,9 +314,12 @@ class Sandbox:
             target.write_bytes(data[key])
 
     def local(self, text: str) -> str:
-        for mount_path in sorted(self.mounts, key=len, reverse=True):
-            text = text.replace(mount_path, str(self.mounts[mount_path]))
-        return text
+        """Mount paths in ``text`` (whole path components, in one pass) as their local directories."""
+        if not self.mounts:
+            return text
+        paths = "|".join(re.escape(m) for m in sorted(self.mounts, key=len, reverse=True))
+        pattern = re.compile(rf"(?<![\w./-])({paths})(?![\w.-])")
+        return pattern.sub(lambda match: str(self.mounts[match.group(1)]), text)
 
     def environment(self, kubeconfig: Path | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
@@ -377,23 +383,24 @@ def extender_secrets(directory: Path) -> dict[str, dict[str, bytes]]:
     probe = authority.issue("readiness-probe", server=False)
     ca = authority.certificate.read_bytes()
     return {
-        "smoke-gpumeter-extender-tls": {"tls.crt": server.certificate.read_bytes(),
+        "gpumeter-extender-tls": {"tls.crt": server.certificate.read_bytes(),
                                         "tls.key": server.key.read_bytes(), "ca.crt": ca},
-        "smoke-gpumeter-extender-client-ca": {"ca.crt": ca},
-        "smoke-gpumeter-extender-probe": {"tls.crt": probe.certificate.read_bytes(),
+        "gpumeter-extender-client-ca": {"ca.crt": ca},
+        "gpumeter-extender-probe": {"tls.crt": probe.certificate.read_bytes(),
                                           "tls.key": probe.key.read_bytes()},
     }
 
 
+# kind, component, what it talks to: Kafka, ClickHouse.
 SMOKE = [
-    pytest.param("Deployment", "worker", id="worker"),
-    pytest.param("Deployment", "extender", id="extender"),
-    pytest.param("Deployment", "actuator", id="actuator"),
-    pytest.param("Deployment", "api", id="api"),
-    pytest.param("CronJob", "insights", id="insights-cronjob"),
-    pytest.param("CronJob", "invoice-close", id="invoice-close-cronjob"),
-    pytest.param("Job", "migrate", id="migrate-job"),
-    pytest.param("DaemonSet", "agent", id="agent-daemonset"),
+    pytest.param("Deployment", "worker", {"kafka", "clickhouse"}, id="worker"),
+    pytest.param("Deployment", "extender", {"kafka"}, id="extender"),
+    pytest.param("Deployment", "actuator", {"kafka"}, id="actuator"),
+    pytest.param("Deployment", "api", {"clickhouse"}, id="api"),
+    pytest.param("CronJob", "insights", {"kafka", "clickhouse"}, id="insights-cronjob"),
+    pytest.param("CronJob", "invoice-close", {"clickhouse"}, id="invoice-close-cronjob"),
+    pytest.param("Job", "migrate", {"clickhouse"}, id="migrate-job"),
+    pytest.param("DaemonSet", "agent", {"kafka"}, id="agent-daemonset"),
 ]
 
 
@@ -411,15 +418,21 @@ def running() -> Iterator[list[subprocess.Popen[bytes]]]:
                 process.wait()
 
 
-@pytest.mark.parametrize(("kind", "component"), SMOKE)
+@pytest.mark.parametrize(("kind", "component", "services"), SMOKE)
 def test_each_workload_starts_with_its_rendered_wiring(
         kube: Kube, smoke_namespace: str, endpoints: Endpoints, namespaces: Namespaces, tmp_path: Path,
-        running: list[subprocess.Popen[bytes]], kind: str, component: str) -> None:
+        running: list[subprocess.Popen[bytes]], kind: str, component: str, services: set[str]) -> None:
     tag = uuid.uuid4().hex[:10]
     settings = Settings(kafka=KafkaSettings(bootstrap=endpoints.kafka_bootstrap, topic_prefix=f"t{tag}."))
     settings.clickhouse.dsn = f"{endpoints.clickhouse_url}/t_{tag}"
     namespaces.add(settings)
     kafka.ensure_topics(settings.kafka)  # the platform's job on a managed cluster (createTopics: false)
+    if component != "migrate":  # the install order: the pre-install migrate Job has run
+        client = clickhouse.connect(settings.clickhouse.dsn)
+        try:
+            schema.migrate(client)
+        finally:
+            client.close()
     docs = render(SMOKE_RELEASE, smoke_namespace, sets={
         "kafka.bootstrap": settings.kafka.bootstrap, "kafka.topicPrefix": settings.kafka.topic_prefix,
         "clickhouse.dsn": settings.clickhouse.dsn,
@@ -444,6 +457,14 @@ def test_each_workload_starts_with_its_rendered_wiring(
         assert applied.returncode == 0, applied.stderr
         kubeconfig = service_account_kubeconfig(kube, spec["serviceAccountName"], tmp_path / "kubeconfig")
     env = sandbox.environment(kubeconfig)
+    # What the process will load is this release's endpoints, not a default: a key the chart
+    # left out would otherwise reach whatever answers on the default port of this machine.
+    loaded = load_settings(env=env)
+    if "kafka" in services:
+        assert (loaded.kafka.bootstrap, loaded.kafka.topic_prefix) == (
+            settings.kafka.bootstrap, settings.kafka.topic_prefix)
+    if "clickhouse" in services:
+        assert loaded.clickhouse.dsn == settings.clickhouse.dsn
     log = tmp_path / "process.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
