@@ -136,6 +136,32 @@ def test_every_pod_is_hardened_and_bounded(values: tuple[Path, ...]) -> None:
                 assert "readinessProbe" in container and "livenessProbe" in container, name
 
 
+KAFKA_CLIENTS = {"agent", "worker", "extender", "actuator", "insights"}
+CLICKHOUSE_CLIENTS = {"worker", "api", "insights", "invoice-close", "migrate"}
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_network_policies_open_kafka_and_clickhouse_only_to_their_clients(values: tuple[Path, ...]) -> None:
+    docs = render("gpumeter", "gpumeter-system", values)
+    chosen = yaml.safe_load(PRODUCTION_VALUES.read_text()) if values else {}
+    kafka_ports = set(chosen.get("networkPolicy", {}).get("kafka", {}).get("ports", [9092]))
+    clickhouse_ports = set(chosen.get("networkPolicy", {}).get("clickhouse", {}).get("ports", [8123]))
+    policies = {d["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]: d["spec"]
+                for d in docs if d["kind"] == "NetworkPolicy"}
+    workloads = {d["metadata"]["name"].removeprefix("gpumeter-")
+                 for d in docs if d["kind"] in WORKLOAD_KINDS}
+    assert policies.keys() == workloads  # every workload's pods are selected by a policy
+    for component, spec in policies.items():
+        assert spec["policyTypes"] == ["Ingress", "Egress"], component
+        egress = {port["port"] for rule in spec["egress"] for port in rule["ports"]}
+        assert bool(egress & kafka_ports) == (component in KAFKA_CLIENTS), component
+        assert bool(egress & clickhouse_ports) == (component in CLICKHOUSE_CLIENTS), component
+    extender_values = yaml.safe_load((CHART / "values.yaml").read_text())["extender"]
+    allowed_clients = chosen.get("extender", {}).get("allowedClients", extender_values["allowedClients"])
+    (rule,) = policies["extender"]["ingress"]
+    assert rule["from"] == allowed_clients and rule["ports"] == [{"protocol": "TCP", "port": 8790}]
+
+
 def test_more_workers_than_sample_partitions_is_refused() -> None:
     refused = helm("template", "gpumeter", CHART, "--set", "worker.replicas=7",
                    "--set", "kafka.partitions.samples=6")
