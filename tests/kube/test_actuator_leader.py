@@ -3,7 +3,7 @@ kube-apiserver with real Kafka and ClickHouse.
 
 Each actuator is a ``gpumeter hooks --role actuator`` process with its settings in the
 environment and a kubeconfig holding a token of the hooks ServiceAccount (so its Lease calls
-are also a check of deploy/hooks/rbac.yaml). Which process did what is read from the cluster,
+are also a check of the chart's actuator RBAC). Which process did what is read from the cluster,
 never from the actuators' own word: the Lease's holderIdentity, the eviction notices every pod
 ever carried (a watch), the pods' Events (their ``reportingInstance`` is the actuator's Lease
 identity) and the preemption records in ClickHouse. The cluster helpers, the quota-event

@@ -1,9 +1,10 @@
-"""deploy/admission/protected-annotation.yaml on the real kube-apiserver (contract 4, "trust").
+"""The chart's admission policies (deploy/helm/gpumeter/admission/, as rendered in
+deploy/rendered/gpumeter.yaml) on the real kube-apiserver (contract 4, "trust").
 
-The policies and bindings are applied as written. A tenant (a ServiceAccount of its own
+The policies and bindings are applied as rendered. A tenant (a ServiceAccount of its own
 namespace, through a token of its own) is refused a pod annotated ``gpumeter.io/protected``
 and refused adding the annotation later; a member of the operator group (impersonated by the
-admin) is not. The hooks' ServiceAccount (deploy/hooks/rbac.yaml applied too) may patch the
+admin) is not. The actuator's ServiceAccount (the chart's RBAC applied too) may patch the
 eviction-notice annotation of a pod, and nothing else of it.
 
 Admission policies are compiled and picked up asynchronously by the apiserver, so the first
@@ -14,19 +15,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 
 from testkit.kube_cluster import Kube
 from tests.kube.test_rbac import SA_NAMESPACE, apply_rbac, service_account_client
+from tests.support.rendered import rendered
 
 pytestmark = pytest.mark.kube
 
-POLICY_FILE = Path(__file__).resolve().parents[2] / "deploy" / "admission" / "protected-annotation.yaml"
 OPERATOR_GROUP = "gpumeter:operators"
 PROTECTED = "gpumeter.io/protected"
 NOTICE = "gpumeter.io/eviction-notice"
@@ -36,7 +35,8 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 def policy_documents() -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(POLICY_FILE.read_text()) if doc]
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    return [doc for doc in rendered() if doc["kind"] in kinds]
 
 
 @pytest.fixture
@@ -208,4 +208,4 @@ def test_the_hooks_account_may_patch_only_the_eviction_notice(
     assert stored.metadata.annotations == {PROTECTED: "true", "owner": "team-a"}
     assert stored.metadata.labels == {"app": "victim"} and not stored.metadata.finalizers
     assert stored.spec.active_deadline_seconds is None
-    assert SA_NAMESPACE == "gpumeter-system"  # the account the policy names (deploy/hooks/rbac.yaml)
+    assert SA_NAMESPACE == "gpumeter-system"  # the account the policy names (the chart's actuator)

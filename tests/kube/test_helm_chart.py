@@ -33,6 +33,7 @@ import yaml
 from kubernetes import client as k8s
 
 from gpumeter.app import schema
+from gpumeter.core.kafka_acls import role_acls
 from gpumeter.core.settings import KafkaSettings, Settings, load_settings
 from gpumeter.infra import clickhouse, kafka
 from testkit.certs import CertificateAuthority
@@ -132,7 +133,8 @@ def test_every_pod_is_hardened_and_bounded(values: tuple[Path, ...]) -> None:
             assert set(context["capabilities"].get("add", [])) <= {"SYS_ADMIN"}, name
             assert {"cpu", "memory"} <= container["resources"]["requests"].keys(), name
             assert {"cpu", "memory"} <= container["resources"]["limits"].keys(), name
-            if workload["kind"] in ("Deployment", "DaemonSet"):
+            if workload["kind"] in ("Deployment", "DaemonSet") and name != "gpumeter-actuator":
+                # (The actuator has no listener: the process is its own liveness.)
                 assert "readinessProbe" in container and "livenessProbe" in container, name
 
 
@@ -160,6 +162,34 @@ def test_network_policies_open_kafka_and_clickhouse_only_to_their_clients(values
     allowed_clients = chosen.get("extender", {}).get("allowedClients", extender_values["allowedClients"])
     (rule,) = policies["extender"]["ingress"]
     assert rule["from"] == allowed_clients and rule["ports"] == [{"protocol": "TCP", "port": 8790}]
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_every_workload_loads_its_rendered_settings(values: tuple[Path, ...], tmp_path: Path) -> None:
+    """The settings file and each container's GPUMETER_* variables pass the product's own loader
+    (unknown keys, SASL without a username, bad values would each stop the pod at start)."""
+    docs = render("gpumeter", "gpumeter-system", values)
+    for workload in (d for d in docs if d["kind"] in WORKLOAD_KINDS):
+        spec = pod_spec(workload)
+        config = next(v["configMap"]["name"] for v in spec["volumes"] if v["name"] == "config")
+        path = tmp_path / f"{workload['metadata']['name']}.yaml"
+        path.write_text(find(docs, "ConfigMap", config)["data"]["settings.yaml"])
+        (container,) = spec["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]
+               if e["name"].startswith("GPUMETER_") and e["name"] != "GPUMETER_CONFIG" and "value" in e}
+        load_settings(path, env=env)
+
+
+def test_the_documented_kafka_acls_are_the_roles_acls_of_the_code() -> None:
+    """values.yaml's kafka.acls (for the platform's ACL tooling) say what gpumeter/core/kafka_acls.py
+    grants each role the chart runs, under the default settings."""
+    documented = yaml.safe_load((CHART / "values.yaml").read_text())["kafka"]["acls"]
+    expected = {role: sorted((acl.resource, acl.name, acl.operation) for acl in acls)
+                for role, acls in role_acls(Settings()).items() if role in documented}
+    assert documented.keys() == {"agent", "worker", "hooks", "insights"}
+    for role, entries in documented.items():
+        flat = sorted((e["resource"], e["name"], operation) for e in entries for operation in e["operations"])
+        assert flat == expected[role], role
 
 
 def test_more_workers_than_sample_partitions_is_refused() -> None:
@@ -238,9 +268,8 @@ ALLOWED = [
     may("actuator", "create", "events"),
     *[may("actuator", verb, "queues", group=VOLCANO, namespace="")
       for verb in ("get", "list", "watch", "create", "update", "patch")],
-    may("actuator", "create", "leases", group=LEASES, namespace=RBAC_NAMESPACE),
     *[may("actuator", verb, "leases", group=LEASES, namespace=RBAC_NAMESPACE, name="gpumeter-actuator")
-      for verb in ("get", "update")],
+      for verb in ("get", "create", "update")],
 ]
 DENIED = [
     may("agent", "get", "nodes", subresource="proxy", namespace="", name="gpu-1"),
@@ -266,9 +295,10 @@ DENIED = [
     may("actuator", "get", "configmaps"),
     may("actuator", "patch", "nodes", namespace=""),
     may("actuator", "delete", "queues", group=VOLCANO, namespace=""),
-    may("actuator", "update", "leases", group=LEASES, namespace=RBAC_NAMESPACE, name="someone-elses-lease"),
-    may("actuator", "delete", "leases", group=LEASES, namespace=RBAC_NAMESPACE, name="gpumeter-actuator"),
-    may("actuator", "create", "leases", group=LEASES, namespace="team-ns"),
+    *[may("actuator", verb, "leases", group=LEASES, namespace=RBAC_NAMESPACE, name="gpumeter-actuator")
+      for verb in ("delete", "patch", "list", "watch")],
+    *[may("actuator", "update", "leases", group=LEASES, namespace=ns, name="gpumeter-actuator")
+      for ns in ("team-ns", "kube-node-lease")],
     may("actuator", "create", "serviceaccounts", subresource="token", namespace=RBAC_NAMESPACE),
     may("actuator", "create", "clusterrolebindings", group="rbac.authorization.k8s.io", namespace=""),
     # Accounts that talk to ClickHouse only have no Kubernetes rights at all.
@@ -462,7 +492,7 @@ def test_each_workload_starts_with_its_rendered_wiring(
     docs = render(SMOKE_RELEASE, smoke_namespace, sets={
         "kafka.bootstrap": settings.kafka.bootstrap, "kafka.topicPrefix": settings.kafka.topic_prefix,
         "clickhouse.dsn": settings.clickhouse.dsn,
-        "worker.metricsPort": free_port(), "extender.port": free_port(), "actuator.port": free_port(),
+        "worker.metricsPort": free_port(), "extender.port": free_port(),
         "api.port": free_port(), "agent.metricsPort": free_port(),
     })
     workload = find(docs, kind, f"{SMOKE_RELEASE}-{component}")
@@ -507,9 +537,14 @@ def test_each_workload_starts_with_its_rendered_wiring(
     if kind in ("Job", "CronJob"):
         assert process.wait(timeout=READY_TIMEOUT_S) == 0, tail()
         return
-    probe = sandbox.container["readinessProbe"]
+    if component == "actuator":  # no probe: ready is holding the Lease (its RBAC and namespace work)
+        def ready() -> bool:
+            return " holds lease " in tail()
+    else:
+        def ready() -> bool:
+            return probe_answers(sandbox, sandbox.container["readinessProbe"], env)
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while not probe_answers(sandbox, probe, env):
+    while not ready():
         assert process.poll() is None, f"{component} exited with {process.returncode}:\n{tail()}"
         assert time.monotonic() < deadline, f"{component} not ready in {READY_TIMEOUT_S:.0f} s:\n{tail()}"
         time.sleep(1.0)

@@ -30,9 +30,10 @@ WAIT_S = 60.0
 
 
 def rbac_documents() -> list[dict[str, Any]]:
-    """The actuator's account, cluster role and binding (its Lease Role: tests/kube/test_helm_chart.py)."""
-    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
-    return [doc for doc in rendered() if doc["kind"] in kinds and doc["metadata"]["name"] == SA_NAME]
+    """The actuator's account, cluster role, its Lease role and their bindings."""
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    return [doc for doc in rendered() if doc["kind"] in kinds
+            and doc["metadata"]["name"] in (SA_NAME, f"{SA_NAME}-lease")]
 
 
 def apply_rbac(api: k8s.ApiClient) -> None:
