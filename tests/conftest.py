@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from gpumeter.app import schema
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
-from gpumeter.infra import clickhouse, kafka
+from gpumeter.infra import kafka
 from tests.services import (
     Endpoints,
     Namespaces,
     isolated_settings,
+    prepared,
     session_endpoints,
     start_local_broker,
 )
@@ -41,11 +41,7 @@ def settings(endpoints: Endpoints, tmp_path: Path, namespaces: Namespaces) -> Se
     removed after the test (``namespaces``)."""
     configured = isolated_settings(endpoints, tmp_path / "data")
     namespaces.add(configured)
-    kafka.ensure_topics(configured.kafka)
-    client = clickhouse.connect(configured.clickhouse.dsn)
-    schema.migrate(client)
-    client.close()
-    return configured
+    return prepared(configured)
 
 
 @pytest.fixture

@@ -102,6 +102,19 @@ def session_endpoints(tmp: Path) -> Iterator[Endpoints]:
         broker.stop()
 
 
+def prepared(settings: Settings) -> Settings:
+    """``settings`` with its topics created and its database migrated, as `gpumeter up` leaves them."""
+    from gpumeter.app import schema
+
+    gkafka.ensure_topics(settings.kafka)
+    client = clickhouse.connect(settings.clickhouse.dsn)
+    try:
+        schema.migrate(client)
+    finally:
+        client.close()
+    return settings
+
+
 def isolated_settings(endpoints: Endpoints, data_dir: Path, clickhouse_url: str | None = None) -> Settings:
     """Settings for one test: its own topic prefix and ClickHouse database on the shared services."""
     tag = uuid.uuid4().hex[:10]

@@ -33,7 +33,6 @@ from collectors.agent.spool import Spool
 from collectors.sim.config import FleetConfig
 from collectors.sim.fleet import SimulatedFleet
 from collectors.sim.runner import FleetPublisher
-from gpumeter.app import schema
 from gpumeter.app.runtime.kafka_broker import LocalKafkaCluster
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core import topics
@@ -50,7 +49,7 @@ from tests.integration.invoice_checks import (
     count_rows,
     produced_invoices,
 )
-from tests.services import Endpoints, Namespaces, free_port, isolated_settings, run_cli, wait_until
+from tests.services import Endpoints, Namespaces, free_port, isolated_settings, prepared, run_cli, wait_until
 from tests.unit.reference_billing import reference_invoices, unit_hours, utc_month
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -100,11 +99,7 @@ def cluster_settings(endpoints: Endpoints, cluster: LocalKafkaCluster, tmp_path:
     tenants_file.write_text(yaml.safe_dump({"tenants": TENANTS}))
     configured.tenants = tenants_file
     namespaces.add(configured)
-    kafka.ensure_topics(configured.kafka)
-    client = clickhouse.connect(configured.clickhouse.dsn)
-    schema.migrate(client)
-    client.close()
-    return configured
+    return prepared(configured)
 
 
 class FleetRun(threading.Thread):

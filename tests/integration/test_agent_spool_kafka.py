@@ -25,9 +25,8 @@ from gpumeter.core.records import split
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.topics import SAMPLES
 from gpumeter.infra import clickhouse
-from gpumeter.infra.kafka import ensure_topics
 from testkit.builders import OMIT, usage_sample
-from tests.services import Endpoints, Namespaces, isolated_settings, run_cli
+from tests.services import Endpoints, Namespaces, isolated_settings, prepared, run_cli
 
 pytestmark = [pytest.mark.agent, pytest.mark.integration]
 
@@ -75,7 +74,7 @@ def test_kafka_outage_spools_and_replays_everything(
     namespaces.add(settings, topics=False)  # the topics live on this test's own broker
     settings.kafka.bootstrap = broker.bootstrap
     kafka = settings.kafka
-    ensure_topics(kafka)
+    prepared(settings)  # topics on this broker, the database migrated (the worker will not)
     publisher = Publisher(kafka, Spool(tmp_path / "spool"), send_timeout=3.0, retry_seconds=1.0)
     windows = [window(n, tenant) for n in range(6) for tenant in ("team-a", "team-b")]
     try:

@@ -14,6 +14,7 @@ import functools
 import os
 import secrets
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -110,8 +111,11 @@ def test_a_quota_crossing_over_sasl_ssl_with_acls_evicts_the_tenant_over_its_quo
         tenants=TenantsSource(base.tenants), reclaim_seconds=3600.0, queue_sync_seconds=0.5))
     try:
         worker = worker_factory(as_role["worker"], "secure-worker")
+        # Windows of the current month: the actuator acts only on crossings of the current
+        # period (contract 4, amended: trust).
+        this_month = datetime.now(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         fleet = SimulatedFleet(FleetConfig(
-            seed=3, nodes={"H100-SXM-80GB": 1}, mig_gpus_per_node={}, time_sliced_nodes={},
+            seed=3, start=this_month, nodes={"H100-SXM-80GB": 1}, mig_gpus_per_node={}, time_sliced_nodes={},
             tenants=[TenantSpec(over, mig_share=0.0), TenantSpec(under, mig_share=0.0)],
             capacity_mix={"on-demand": 1.0}, spot_reclaims_per_day=0, agent_outages_per_day=0, diurnal=False))
         publisher = FleetPublisher(as_role["agent"], fleet)

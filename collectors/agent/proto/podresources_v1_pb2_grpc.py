@@ -5,7 +5,7 @@ import warnings
 
 from collectors.agent.proto import podresources_v1_pb2 as collectors_dot_agent_dot_proto_dot_podresources__v1__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
