@@ -126,8 +126,9 @@ OLD_KEY_RATED_USAGE = RATED_USAGE.create_sql().replace(
 LATER_THAN_6 = ("DROP VIEW IF EXISTS event_id_hashes_mv", "DROP TABLE IF EXISTS event_id_hashes")
 
 
-def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None:
-    """A database at pipeline migration 3 (rated_usage keyed by tenant, event_id) with rows."""
+def rewind_to_pipeline_3(settings: Settings) -> None:
+    """The database as pipeline migration 3 left it (rated_usage keyed by tenant, event_id),
+    holding 3,000 rows over 3 tenants and 2 months, the rollup filled by its view."""
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
         for statement in (*LATER_THAN_6, *(f"DROP TABLE IF EXISTS {table}" for table in (
@@ -150,6 +151,15 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
             "toDateTime64('2026-12-05 00:01:00', 6, 'UTC')) + toIntervalSecond(number * 60), "
             "1, 60, 'H100-SXM-80GB', NULL, 'on-demand', 0, '2026-11', 'USD', 2.5, 1, 0.041666666666666667, "
             "NULL, NULL, map(), 0, number FROM numbers(3000)")
+    finally:
+        client.close()
+
+
+def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None:
+    """A database at pipeline migration 3 (rated_usage keyed by tenant, event_id) with rows."""
+    rewind_to_pipeline_3(settings)
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
         before = client.query(TOTALS).result_rows
         rollup_before = client.query(ROLLUP_TOTALS).result_rows
 

@@ -9,38 +9,12 @@ import pytest
 from gpumeter.app.schema import OWNERS
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
-from gpumeter.infra.schema import PIPELINE, RATED_USAGE
 from gpumeter.infra.tables import Migration, SchemaOwner
-from tests.integration.test_dedup import LATER_THAN_6, OLD_KEY_RATED_USAGE, ROLLUP_TOTALS, TOTALS
+from tests.integration.test_dedup import ROLLUP_TOTALS, TOTALS, rewind_to_pipeline_3
 from tests.services import run_cli
 
 APPLIED = ("SELECT owner, version, count() FROM schema_migrations GROUP BY owner, version "
            "ORDER BY owner, version")
-
-
-def rewind_to_pipeline_3(settings: Settings) -> None:
-    """The database as pipeline migration 3 left it (rated_usage keyed by tenant, event_id),
-    holding 3,000 rows over 3 tenants and 2 months, the rollup filled by its view."""
-    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
-    try:
-        for statement in (*LATER_THAN_6, *(f"DROP TABLE IF EXISTS {table}" for table in (
-                "usage_hourly_mv", "event_ids", "rated_usage", "usage_hourly"))):
-            client.command(statement)
-        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 4")
-        client.command(OLD_KEY_RATED_USAGE)
-        migration_1 = next(m for m in PIPELINE.migrations if m.version == 1)
-        for statement in migration_1.statements[1:]:
-            client.command(statement)
-        client.command(
-            f"INSERT INTO rated_usage ({', '.join(RATED_USAGE.insert_columns)}) "
-            "SELECT concat('e', toString(number)), concat('t', toString(number % 3)), "
-            "if(number % 2 = 0, '2026-11', '2026-12'), 'gpu', 'c', 'n', 'ns', 'p', 'u', "
-            "toDateTime64('2026-11-05 00:00:00', 6, 'UTC') + toIntervalSecond(number * 60), "
-            "toDateTime64('2026-11-05 00:01:00', 6, 'UTC') + toIntervalSecond(number * 60), "
-            "1, 60, 'H100-SXM-80GB', NULL, 'on-demand', 0, '2026-11', 'USD', 2.5, 1, 0.041666666666666667, "
-            "NULL, NULL, map(), 0, number FROM numbers(3000)")
-    finally:
-        client.close()
 
 
 def test_four_migrate_commands_at_once_apply_each_migration_once_and_keep_every_row(
