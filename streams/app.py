@@ -32,11 +32,12 @@ from faust.types import TP
 from gpumeter.core import topics
 from gpumeter.core.settings import KafkaSettings, Settings
 from gpumeter.infra import kafka as kafka_admin
-from streams import kafka_log, metrics
+from gpumeter.infra import kafka_log
+from gpumeter.infra.kafka_log import KafkaErrorThrottle
+from streams import metrics
 from streams.batch_writer import BatchWriter
 from streams.dead_letter_agent import add_dead_letter_sink
 from streams.faust_consumer import seek_safe_transport
-from streams.kafka_log import KafkaErrorThrottle
 from streams.quota_agent import add_quota
 from streams.ratecards import RateCardWatcher
 from streams.rating_agent import add_rating

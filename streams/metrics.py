@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from streams.kafka_log import KafkaErrorThrottle
+from gpumeter.infra.kafka_log import KafkaErrorThrottle
 from streams.sink import SinkCounters
 from streams.stage import StageCounters
 

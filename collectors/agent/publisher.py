@@ -4,10 +4,17 @@ Samples go to ``gpumeter.usage.samples.v1`` keyed by tenant through the kernel's
 idempotent producer (acks=all). A batch is acknowledged when every record's
 future succeeded within ``send_timeout``; whatever was not acknowledged is
 appended to the spool (and the producer is dropped and rebuilt later, so it
-does not keep retrying records the spool now owns). While the spool holds
-anything, new samples are appended behind it, so order stays oldest first;
-each publish first replays the spool, a segment at a time, deleting a segment
-only after the broker acknowledged every record in it.
+does not keep retrying records the spool now owns). Each publish first replays
+the spool, a segment at a time, deleting a segment only after every record in it
+was acknowledged or written back to the spool's tail.
+
+Order is kept per key (tenant), which is all a Kafka partition orders: while the
+spool holds a tenant's samples, that tenant's new samples are appended behind
+them, and a tenant whose records were not acknowledged during a replay has the
+rest of its spooled records written back behind them. Other tenants are not held
+back: one partition without a leader (its broker died and no replica took over)
+spools only the tenants keyed to it, and the node keeps publishing the others. The
+producer is dropped and Kafka marked down only when nothing at all was acknowledged.
 
 Delivery is at-least-once: a record whose acknowledgement was lost may be sent
 again from the spool; its ``event_id`` makes the duplicate harmless downstream.
@@ -122,6 +129,9 @@ class Publisher:
         self.allocations_replayed = 0
         self.send_failures = 0
         self.kafka_up = False
+        # Keys (tenants) with samples in the spool: their new samples queue behind them.
+        self._held_keys: set[bytes] = {decode_message(payload)[0] for payload in spool.iter_records()}
+        self._next_replay = 0.0  # after a replay that left stalled keys, wait retry_seconds
 
     def _default_factory(self) -> Any:
         timeout_ms = int(self.send_timeout * 1000)
@@ -203,31 +213,67 @@ class Publisher:
         failed_groups.extend(range(len(futures), len(groups)))
         return sorted(index for g in failed_groups for index in groups[g][1])
 
-    def _send_payloads(self, payloads: list[bytes]) -> None:
-        """Send spooled payloads; raise DeliveryFailed unless every one was acknowledged."""
+    def _send_payloads(self, payloads: list[bytes], stalled: set[bytes]) -> None:
+        """Send one spooled segment. Records of keys in ``stalled`` (not acknowledged earlier in
+        this replay) and records not acknowledged now are written back to the spool's tail, in
+        order, and their keys join ``stalled``. Raises DeliveryFailed, keeping the segment,
+        when nothing could be acknowledged.
+
+        A replay that fails whole does not mark Kafka down: the spool holds only tenants whose
+        partitions failed before, and those may still have no leader while the rest of the
+        cluster serves the other tenants. Fresh samples tell whether Kafka is away (publish).
+        """
         producer = self._ensure_producer()
         if producer is None:
             raise DeliveryFailed("Kafka unavailable")
         messages = [decode_message(payload) for payload in payloads]
-        timeout = max(self.send_timeout, len(messages) / 5000)
-        failed = self._send(producer, self.topic, messages, timeout)
-        if failed:
-            self._mark_down(f"{len(failed)} of {len(messages)} spooled records not acknowledged")
-            raise DeliveryFailed(f"{len(failed)} records not acknowledged")
-        self.replayed += len(messages)
+        to_send = [i for i, (key, _value) in enumerate(messages) if key not in stalled]
+        if not to_send:
+            self._write_back(payloads, messages)
+            return
+        timeout = max(self.send_timeout, len(to_send) / 5000)
+        failed = self._send(producer, self.topic, [messages[i] for i in to_send], timeout)
+        if len(failed) == len(to_send):
+            stalled.update(messages[i][0] for i in to_send)
+            raise DeliveryFailed(f"{len(failed)} spooled records not acknowledged")
+        stalled.update(messages[to_send[i]][0] for i in failed)
+        back = [i for i, (key, _value) in enumerate(messages) if key in stalled]
+        self._write_back([payloads[i] for i in back], [messages[i] for i in back])
+        self.replayed += len(messages) - len(back)
         self._mark_up()
+
+    def _write_back(self, payloads: list[bytes], messages: list[tuple[bytes, bytes]]) -> None:
+        """Re-spool records of stalled keys behind everything, so each key keeps its order."""
+        if not payloads:
+            return
+        self.spool.append(payloads, moved=True)
+        log.warning(
+            "%d spooled samples of %d tenant(s) not acknowledged (their partitions have no leader); "
+            "spooled again behind the rest", len(payloads), len({key for key, _ in messages}))
 
     def replay(self, budget_seconds: float | None = None) -> int:
         """Replay the spool oldest first within a time budget; returns records replayed."""
         if not self.spool.records:
+            self._held_keys.clear()
             return 0
-        if self._ensure_producer() is None:
+        if self._clock() < self._next_replay or self._ensure_producer() is None:
             return 0
         budget = self.replay_budget_seconds if budget_seconds is None else budget_seconds
         deadline = time.monotonic() + budget  # the spool measures its budget on the real monotonic clock
         before = self.replayed
+        stalled: set[bytes] = set()
+        backlog = {segment.path for segment in self.spool.pending()}
         with contextlib.suppress(DeliveryFailed):
-            self.spool.replay(self._send_payloads, deadline=deadline)
+            self.spool.replay(lambda payloads: self._send_payloads(payloads, stalled), deadline=deadline)
+        if backlog.isdisjoint(segment.path for segment in self.spool.pending()):
+            self._held_keys = stalled  # the spool now holds only what was written back
+        else:
+            self._held_keys |= stalled  # stopped early (deadline or Kafka away): keep what was held
+        if stalled:
+            self._next_replay = self._clock() + self.retry_seconds
+            log.warning("%d tenant(s) in the spool not acknowledged (their partitions have no leader); "
+                        "retrying in %.0f s, other tenants publish meanwhile",
+                        len(stalled), self.retry_seconds)
         count = self.replayed - before
         if count:
             log.info("replayed %d spooled samples; %d still spooled", count, self.spool.records)
@@ -242,19 +288,32 @@ class Publisher:
             if not samples:
                 return result
             payloads = [sample_message(sample) for sample in samples]
-            producer = None if self.spool.records else self._ensure_producer()
+            producer = self._ensure_producer()
             if producer is None:
                 self._spool(payloads, result)
                 return result
             messages = [decode_message(payload) for payload in payloads]
-            failed = self._send(producer, self.topic, messages, self.send_timeout)
-            result.sent = len(payloads) - len(failed)
+            # A tenant with samples in the spool queues behind them (its order); the rest go now.
+            behind = [i for i, (key, _value) in enumerate(messages) if key in self._held_keys]
+            if behind:
+                self._spool([payloads[i] for i in behind], result)
+            to_send = [i for i, (key, _value) in enumerate(messages) if key not in self._held_keys]
+            if not to_send:
+                return result
+            failed = [to_send[i] for i in self._send(producer, self.topic, [messages[i] for i in to_send],
+                                                     self.send_timeout)]
+            result.sent = len(to_send) - len(failed)
             self.sent += result.sent
-            if failed:
-                self._mark_down(f"{len(failed)} of {len(payloads)} records not acknowledged")
-                self._spool([payloads[i] for i in failed], result)
+            if len(failed) == len(to_send):
+                self._mark_down(f"{len(failed)} of {len(to_send)} records not acknowledged")
             else:
                 self._mark_up()
+                if failed:
+                    log.warning("%d of %d samples not acknowledged (their partitions have no leader); "
+                                "spooled, the other tenants' samples were delivered",
+                                len(failed), len(to_send))
+            if failed:
+                self._spool([payloads[i] for i in failed], result)
             return result
 
     def _spool(self, payloads: list[bytes], result: PublishResult) -> None:
@@ -262,6 +321,7 @@ class Publisher:
         result.spooled += kept
         result.dropped += len(payloads) - kept
         self.spooled += kept
+        self._held_keys.update(decode_message(payload)[0] for payload in payloads)
 
     # -- allocation (contract 8) ---------------------------------------------------------------------
 

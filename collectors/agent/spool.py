@@ -238,15 +238,20 @@ class Spool:
                 self._active.path.unlink(missing_ok=True)
             self._active = None
 
-    def append(self, payloads: Sequence[bytes]) -> int:
+    def append(self, payloads: Sequence[bytes], *, moved: bool = False) -> int:
         """Write ``payloads`` durably (one fsync per segment touched); returns how many were kept.
 
-        Records beyond the byte bound are dropped and counted, never silently.
+        Records beyond the byte bound are dropped and counted, never silently. ``moved``: the
+        records are being moved to the tail from a segment under replay, which is removed
+        once this returns, so they do not count against the bound a second time (a full
+        spool must not drop what it already holds).
         """
         if not payloads:
             return 0
         with self._lock:
             total = self.size_bytes
+            if moved:
+                total -= len(FILE_MAGIC) + sum(HEADER_BYTES + len(payload) for payload in payloads)
             kept = 0
             dropped = 0
             chunk: list[bytes] = []

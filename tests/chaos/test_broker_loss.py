@@ -295,21 +295,25 @@ def stored_event_ids(settings: KafkaSettings) -> set[str]:
         consumer.close()
 
 
-# A known defect, not coverage: after one send times out the publisher marks Kafka down and,
-# while its spool holds records, spools every new sample (all partitions) to keep each key's
-# order, so a window published in that spell is held back whole (seen in CI: sent 0, spooled
-# 24 of 24). Per-key spooling is the fix (issue 28); until then this passes only when the
-# publish lands before the failure is noticed.
-@pytest.mark.xfail(reason="known defect: one unwritable partition spools the whole node (issue 28)",
-                   strict=False)
+def single_copy_settings(cluster_settings: Settings) -> KafkaSettings:
+    """The test's namespace with topics of one replica each: a broker lost takes its partitions
+    offline until it is back (no other replica can lead them), the others stay writable."""
+    single = KafkaSettings.model_validate({
+        **cluster_settings.kafka.model_dump(), "topic_prefix": cluster_settings.kafka.topic_prefix + "r1.",
+        "replication_factor": 1, "min_insync_replicas": 1})
+    kafka.ensure_topics(single)
+    return single
+
+
 def test_the_agent_keeps_publishing_the_partitions_that_are_up_while_one_is_not(
-    cluster: LocalKafkaCluster, cluster_settings: Settings, tmp_path: Path,
+    cluster: LocalKafkaCluster, cluster_settings: Settings, tmp_path: Path, namespaces: Namespaces,
 ) -> None:
-    settings = cluster_settings.kafka
+    settings = single_copy_settings(cluster_settings)
+    namespaces.add(cluster_settings.model_copy(update={"kafka": settings}), database=False)
     partition = partitions_of(settings, AGENT_TENANTS)
     samples_topic = settings.topic(topics.SAMPLES)
-    publisher = Publisher(settings, Spool(tmp_path / "spool"))
-    windows = [agent_window(n) for n in range(4)]
+    publisher = Publisher(settings, Spool(tmp_path / "spool"), send_timeout=5.0, retry_seconds=2.0)
+    windows = [agent_window(n) for n in range(5)]
     try:
         assert publisher.publish(windows[0]).sent == len(AGENT_TENANTS)
         victim = brokers.partition_leader(settings, samples_topic, partition[AGENT_TENANTS[0]])
@@ -317,18 +321,67 @@ def test_the_agent_keeps_publishing_the_partitions_that_are_up_while_one_is_not(
                          if replicas.leader == victim}
         up = [tenant for tenant in AGENT_TENANTS if partition[tenant] not in led_by_victim]
         assert up, "every partition is led by one node: nothing to test"
+        down = len(AGENT_TENANTS) - len(up)
         broker = brokers.node(cluster, victim)
         brokers.kill9(broker)
         try:
-            during = publisher.publish(windows[1])  # the window right after the node died
-            assert during.sent >= len(up) and during.dropped == 0
-            time.sleep(publisher.retry_seconds)  # the agent's next window comes an interval later
-            after = publisher.publish(windows[2])  # leadership has moved: everything goes out
-            assert after.sent == len(AGENT_TENANTS) and publisher.spool.records == 0
+            for window in windows[1:3]:  # two windows while the victim's partitions are offline
+                during = publisher.publish(window)
+                assert (during.sent, during.spooled, during.dropped) == (len(up), down, 0)
+                assert publisher.kafka_up
+                time.sleep(publisher.retry_seconds)  # the agent's next window comes an interval later
         finally:
             brokers.restart(cluster, broker)
+
+        def spool_empty_after_a_replay() -> bool:
+            publisher.publish([])
+            return publisher.spool.records == 0
+
+        wait_until(spool_empty_after_a_replay, timeout=120, interval=publisher.retry_seconds,
+                   message="the spool never emptied after the restart")
         assert publisher.publish(windows[3]).sent == len(AGENT_TENANTS)
     finally:
         publisher.close()
-    every = {sample.event_id for window in windows for sample in window}
+    every = {sample.event_id for window in windows[:4] for sample in window}
+    assert stored_event_ids(settings) == every  # nothing lost (a replayed copy may be there twice)
+
+
+def test_the_agent_loses_nothing_while_acks_all_waits_for_the_replicas_to_shrink(
+    cluster: LocalKafkaCluster, cluster_settings: Settings, tmp_path: Path,
+) -> None:
+    """Replication 3, min ISR 2, acks=all: when a broker dies, every partition it follows holds
+    produce requests until the leaders drop it from their ISR (replica.lag.time.max.ms, 30 s by
+    default), so a window may be spooled whole; once leadership and ISR have moved, the spool
+    empties and every window is stored."""
+    settings = cluster_settings.kafka
+    partition = partitions_of(settings, AGENT_TENANTS)
+    samples_topic = settings.topic(topics.SAMPLES)
+    publisher = Publisher(settings, Spool(tmp_path / "spool"), send_timeout=5.0, retry_seconds=2.0)
+    windows = iter(agent_window(n) for n in range(1000))
+    published = []
+    try:
+        first = next(windows)
+        published.append(first)
+        assert publisher.publish(first).sent == len(AGENT_TENANTS)
+        victim = brokers.partition_leader(settings, samples_topic, partition[AGENT_TENANTS[0]])
+        broker = brokers.node(cluster, victim)
+        brokers.kill9(broker)
+        try:
+            def a_whole_window_goes_out() -> bool:
+                window = next(windows)
+                published.append(window)
+                result = publisher.publish(window)
+                assert result.dropped == 0 and result.sent + result.spooled == len(window)
+                return result.sent == len(window) and publisher.spool.records == 0
+
+            wait_until(a_whole_window_goes_out, timeout=180, interval=publisher.retry_seconds,
+                       message="the agent never published a whole window with one broker down")
+        finally:
+            brokers.restart(cluster, broker)
+        last = next(windows)
+        published.append(last)
+        assert publisher.publish(last).sent == len(AGENT_TENANTS)
+    finally:
+        publisher.close()
+    every = {sample.event_id for window in published for sample in window}
     assert stored_event_ids(settings) == every  # nothing lost (a replayed copy may be there twice)

@@ -34,6 +34,8 @@ from typing import Any, Literal
 from gpumeter.app.cli.errors import Failure
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import load_tenants
+from gpumeter.infra import kafka_log
+from gpumeter.infra.kafka_log import KafkaErrorsCollector, KafkaErrorThrottle
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +83,16 @@ async def serve(settings: Settings, *, dry_run: bool, role: Role = "all",
 
     async with contextlib.AsyncExitStack() as running:
         running.callback(_close_quietly, api)
+        # aiokafka logs every failed connection while a broker is away: one line per kind a minute.
+        kafka_errors = KafkaErrorThrottle()
+        kafka_log.install(kafka_errors)
+        running.callback(kafka_log.uninstall, kafka_errors)
         main: list[asyncio.Task[Any]] = []
         registry = None  # with the extender, the actuator's series are on its /metrics too
         if extender:
             readiness, registry = await _start_extender(settings, tenants, api, stop, running,
                                                         dry_run=dry_run and actuator)
+            registry.register(KafkaErrorsCollector(kafka_errors, "gpumeter_hooks"))
             main.append(readiness)
         if actuator:
             main.append(asyncio.create_task(_actuate(settings, api, stop, dry_run=dry_run, registry=registry),

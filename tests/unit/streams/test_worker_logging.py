@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import faust
 import pytest
 
+from gpumeter.infra.kafka_log import KafkaErrorThrottle
 from streams.app import _Worker
-from streams.kafka_log import KafkaErrorThrottle
 
 
 @pytest.fixture

@@ -143,3 +143,65 @@ def test_samples_go_out_as_one_record_per_tenant(tmp_path: Path) -> None:
     assert sorted(key for key, _ in sent) == [b"team-a", b"team-b"]
     for key, value in sent:
         assert [parse_sample(line).tenant for line in split(value)] == [key.decode()] * 5
+
+
+def keys_of(publisher: Publisher) -> list[bytes]:
+    return [decode_message(payload)[0] for payload in publisher.spool.iter_records()]
+
+
+def test_one_unwritable_partition_holds_back_only_its_tenant(broker: Broker, tmp_path: Path) -> None:
+    """A partition without a leader spools its own tenant's samples; the others keep flowing."""
+    clock = Clock()
+    publisher = make(broker, tmp_path, clock)
+    broker.down_keys = {b"team-b"}
+    first = publisher.publish([sample(1), sample(2, tenant="team-b")])
+    assert (first.sent, first.spooled, first.dropped) == (1, 1, 0)
+    assert publisher.kafka_up  # the cluster answers; one partition does not
+    # the next window: team-a goes straight out, team-b queues behind its spooled sample
+    second = publisher.publish([sample(3), sample(4, tenant="team-b")])
+    assert (second.sent, second.spooled) == (1, 1)
+    assert keys_of(publisher) == [b"team-b", b"team-b"]
+    assert broker.sample_ids() == [sample(1).event_id, sample(3).event_id]
+    broker.down_keys = set()
+    clock.now += 10
+    third = publisher.publish([sample(5, tenant="team-b")])
+    assert third.replayed == 2 and third.sent == 1 and publisher.spool.records == 0
+    team_b = [parse_sample(line).event_id for key, value in broker.on("samples.v1") if key == b"team-b"
+              for line in split(value)]
+    assert team_b == [sample(n, tenant="team-b").event_id for n in (2, 4, 5)]  # its own order kept
+
+
+def test_replay_sends_the_writable_partitions_and_keeps_the_others_in_order(
+    broker: Broker, tmp_path: Path,
+) -> None:
+    clock = Clock()
+    publisher = make(broker, tmp_path, clock)
+    broker.up = False
+    publisher.publish([sample(1), sample(2, tenant="team-b")])
+    publisher.publish([sample(3), sample(4, tenant="team-b")])
+    assert publisher.spool.records == 4
+    broker.up, broker.down_keys = True, {b"team-b"}
+    clock.now += 10
+    result = publisher.publish([sample(5)])
+    assert result.replayed == 2 and result.sent == 1
+    assert broker.sample_ids() == [sample(n).event_id for n in (1, 3, 5)]
+    assert keys_of(publisher) == [b"team-b", b"team-b"]
+    broker.down_keys = set()
+    clock.now += 10
+    publisher.publish([])
+    assert publisher.spool.records == 0
+    assert broker.sample_ids()[3:] == [sample(n, tenant="team-b").event_id for n in (2, 4)]
+
+
+def test_a_restarted_agent_still_holds_back_the_tenants_its_spool_holds(
+    broker: Broker, tmp_path: Path,
+) -> None:
+    broker.down_keys = {b"team-b"}
+    first = make(broker, tmp_path)
+    first.publish([sample(1, tenant="team-b")])
+    first.close(timeout=0.1)
+    second = make(broker, tmp_path)
+    result = second.publish([sample(2), sample(3, tenant="team-b")])
+    assert (result.sent, result.spooled) == (1, 1)
+    assert [parse_sample(decode_message(p)[1]).event_id for p in second.spool.iter_records()] == [
+        sample(1, tenant="team-b").event_id, sample(3, tenant="team-b").event_id]

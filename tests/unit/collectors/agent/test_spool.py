@@ -85,6 +85,21 @@ def test_bound_drops_new_records_and_counts_them(tmp_path: Path, caplog: pytest.
     assert spool.append(records(1)) == 1 and not spool.full
 
 
+def test_a_full_spool_moves_records_under_replay_to_its_tail_without_dropping(tmp_path: Path) -> None:
+    """A replay writes a stalled tenant's records back behind the rest before it removes their
+    segment: on a full spool they must not count twice against the bound."""
+    bound = len(FILE_MAGIC) + 10 * (HEADER_BYTES + 100)
+    spool = Spool(tmp_path, max_bytes=bound, segment_bytes=bound)
+    assert spool.append(records(10)) == 10 and spool.append(records(1, start=10)) == 0  # full
+
+    def move_the_odd_ones_back(batch: list[bytes]) -> None:
+        assert spool.append(batch[1::2], moved=True) == 5
+
+    spool.replay(move_the_odd_ones_back)
+    assert spool.dropped == 1  # only the record refused while full
+    assert list(spool.iter_records()) == records(10)[1::2]
+
+
 def test_torn_tail_is_skipped_and_counted(tmp_path: Path) -> None:
     with Spool(tmp_path) as spool:
         spool.append(records(20))

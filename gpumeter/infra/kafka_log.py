@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily
 
 KAFKA_LOGGERS = ("aiokafka", "kafka")
 
@@ -49,3 +51,21 @@ def install(throttle: KafkaErrorThrottle, logger: logging.Logger | None = None) 
     for handler in (logger or logging.getLogger()).handlers:
         if throttle not in handler.filters:
             handler.addFilter(throttle)
+
+
+def uninstall(throttle: KafkaErrorThrottle, logger: logging.Logger | None = None) -> None:
+    for handler in (logger or logging.getLogger()).handlers:
+        handler.removeFilter(throttle)
+
+
+class KafkaErrorsCollector:
+    """The throttle's count as a Prometheus counter (``<prefix>_kafka_client_errors``)."""
+
+    def __init__(self, throttle: KafkaErrorThrottle, prefix: str) -> None:
+        self.throttle = throttle
+        self.name = f"{prefix}_kafka_client_errors"
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            self.name, "Warnings and errors the Kafka clients logged (a broker away: logged once a minute)",
+            value=self.throttle.errors)

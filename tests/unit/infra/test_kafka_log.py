@@ -1,10 +1,10 @@
-"""streams/kafka_log.py: a broker outage is one log line per kind per minute, and a count."""
+"""gpumeter/infra/kafka_log.py: a broker outage is one log line per kind per minute, and a count."""
 
 from __future__ import annotations
 
 import logging
 
-from streams.kafka_log import KafkaErrorThrottle
+from gpumeter.infra.kafka_log import KafkaErrorThrottle
 
 
 class Clock:
@@ -40,3 +40,30 @@ def test_other_loggers_and_lower_levels_pass_untouched_and_uncounted() -> None:
         assert throttle.filter(record("gpumeter.worker", "storing failed"))
         assert throttle.filter(record("aiokafka.conn", "connected", level=logging.INFO))
     assert throttle.errors == 0
+
+
+def test_the_count_is_a_prometheus_counter_and_uninstall_lets_lines_through_again() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpumeter.infra import kafka_log
+    from gpumeter.infra.kafka_log import KafkaErrorsCollector
+
+    logger = logging.getLogger("test_kafka_log_root")
+    seen: list[logging.LogRecord] = []
+
+    class Recording(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logger.addHandler(Recording())
+    throttle = KafkaErrorThrottle(window=60, clock=Clock())
+    kafka_log.install(throttle, logger)
+    registry = CollectorRegistry()
+    registry.register(KafkaErrorsCollector(throttle, "gpumeter_hooks"))
+    for _ in range(3):
+        logger.handle(record("aiokafka.conn", "Unable connect to node with id %s"))
+    assert len(seen) == 1
+    assert "gpumeter_hooks_kafka_client_errors_total 3.0" in generate_latest(registry).decode()
+    kafka_log.uninstall(throttle, logger)
+    logger.handle(record("aiokafka.conn", "Unable connect to node with id %s"))
+    assert len(seen) == 2
