@@ -396,9 +396,9 @@ def test_an_extender_replica_killed_mid_call_the_other_answers_every_pod(
             survivor_calls_before = survivor.filter_calls()
             def lose_the_victim() -> None:
                 victim.kill9()
-                # Its address stays listed for the scheduler's next connection (the retry of the
-                # call just lost): that connection is refused, as on a cluster before readiness
-                # catches up. Then only the probe decides.
+                # Its address stays listed for the scheduler's next connection (the next call,
+                # for this pod or the next one): that connection is refused, as on a cluster
+                # before readiness catches up. Then only the probe decides.
                 standin.route_next_connections(victim.endpoint, 1)
 
             standin.on_next_request(victim.endpoint, lose_the_victim)
