@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.app.schema import OWNERS
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.tables import Migration, SchemaOwner
+from testkit.builders import random_samples
+from tests.integration.invoice_checks import expected_invoices, produced_invoices
 from tests.integration.test_dedup import ROLLUP_TOTALS, TOTALS, rewind_to_pipeline_3
 from tests.services import run_cli
 
@@ -112,3 +118,50 @@ def test_a_held_lock_makes_migrate_wait_then_give_up_with_one_line(settings: Set
         assert len(lines) == 1 and f"the schema lock is held by {holder}" in lines[0], run.stderr
     finally:
         client.close()
+
+
+def test_an_upgrade_in_the_charts_order_refuses_then_migrates_then_bills(
+    settings: Settings, worker_factory: Callable[..., WorkerProcess], tmp_path: Path,
+) -> None:
+    """Issue 30's upgrade fault on the real engine, in the order a Helm upgrade runs things: the
+    database an older release left (pipeline migration 3, with its rows), a worker of this
+    version started before the migrate Job has run (it refuses: one line, exit 1, nothing
+    stored), then `gpumeter migrate` (the pre-upgrade Job's command), then the worker starts
+    and bills what waited in Kafka meanwhile, the older rows kept as they were."""
+    rewind_to_pipeline_3(settings)
+    samples = random_samples(seed=30, count=400)
+    usage = tmp_path / "usage.jsonl"
+    usage.write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        before = client.query(TOTALS).result_rows
+        assert migrations.pending(client, OWNERS) == [
+            "pipeline/4", "pipeline/5", "pipeline/6", "pipeline/7", "pipeline/8"]
+        # The agents keep sending through the upgrade: the samples wait in Kafka.
+        ingest = run_cli(settings, "ingest", str(usage))
+        assert ingest.returncode == 0, ingest.stderr
+        assert ingest.stdout.strip().splitlines()[-1] == f"accepted {len(samples)}, rejected 0"
+
+        early = run_cli(settings, "worker", timeout=120)
+        assert early.returncode == 1, early.stderr
+        lines = early.stderr.strip().splitlines()
+        assert len(lines) == 1, early.stderr
+        assert "(pipeline/4 and 4 more not applied)" in lines[0], lines[0]
+        assert lines[0].endswith("run `gpumeter migrate`"), lines[0]
+        assert client.query(TOTALS).result_rows == before  # it wrote nothing
+
+        migrate = run_cli(settings, "migrate")
+        assert migrate.returncode == 0, migrate.stderr
+        assert migrations.pending(client, OWNERS) == []
+
+        worker_factory(settings)
+        drained = run_cli(settings, "drain", "--timeout", "240")
+        assert drained.returncode == 0, drained.stderr
+        new_tenants = {s["tenant"] for s in samples}
+        assert [row for row in client.query(TOTALS).result_rows if row[0] not in new_tenants] == before
+    finally:
+        client.close()
+    expected = expected_invoices(samples)
+    produced = produced_invoices(settings, {period for _, period in expected}, tmp_path / "out")
+    for key, document in expected.items():
+        assert produced.get(key) == document, f"invoice {key} differs from the reference"

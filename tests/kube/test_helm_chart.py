@@ -192,6 +192,45 @@ def test_the_documented_kafka_acls_are_the_roles_acls_of_the_code() -> None:
         assert flat == expected[role], role
 
 
+@pytest.mark.parametrize("values", VALUES)
+def test_only_the_migrate_job_migrates_and_it_runs_before_install_and_upgrade(
+        values: tuple[Path, ...]) -> None:
+    """Issue 30's upgrade order: Helm runs the migrate Job (a pre-install/pre-upgrade hook) and
+    waits for it before it applies the release's workloads; no workload of the release migrates
+    (a worker of the new version refuses a schema that is behind: tests/integration/
+    test_migrate.py::test_an_upgrade_in_the_charts_order_refuses_then_migrates_then_bills)."""
+    docs = render(RELEASE, NAMESPACE, values)
+    job = find(docs, "Job", f"{RELEASE}-migrate")
+    annotations = job["metadata"]["annotations"]
+    assert set(annotations["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    # The Job of the previous upgrade is replaced, a finished one removed: a failed one stays
+    # for `kubectl logs` until the next attempt.
+    assert set(annotations["helm.sh/hook-delete-policy"].split(",")) == {
+        "before-hook-creation", "hook-succeeded"}
+    [container] = pod_spec(job)["containers"]
+    assert [*container["command"], *container.get("args", [])] == ["gpumeter", "migrate"]
+    assert job["spec"]["backoffLimit"] >= 1 and job["spec"]["activeDeadlineSeconds"] > 0
+    # Hooks run before the release's objects exist: what the Job mounts and runs as is a hook
+    # too, created before it (a lower weight).
+    spec = pod_spec(job)
+    needed = [find(docs, "ServiceAccount", spec["serviceAccountName"])] + [
+        find(docs, "ConfigMap", v["configMap"]["name"]) for v in spec["volumes"] if "configMap" in v]
+    for obj in needed:
+        hook = obj["metadata"].get("annotations", {})
+        assert hook.get("helm.sh/hook") == annotations["helm.sh/hook"], obj["metadata"]["name"]
+        assert int(hook["helm.sh/hook-weight"]) < int(annotations["helm.sh/hook-weight"])
+    hooks = {(d["kind"], d["metadata"]["name"]) for d in docs
+             if "helm.sh/hook" in d["metadata"].get("annotations", {})}
+    assert hooks == {("Job", job["metadata"]["name"]), *((o["kind"], o["metadata"]["name"]) for o in needed)}
+    for workload in (d for d in docs if d["kind"] in WORKLOAD_KINDS and d is not job):
+        pod = pod_spec(workload)
+        for each in [*pod.get("initContainers", []), *pod["containers"]]:
+            argv = [*each.get("command", []), *each.get("args", [])]
+            assert "migrate" not in argv, (workload["metadata"]["name"], argv)
+    [worker] = pod_spec(find(docs, "Deployment", f"{RELEASE}-worker"))["containers"]
+    assert worker["command"][:2] == ["gpumeter", "worker"]
+
+
 def test_more_workers_than_sample_partitions_is_refused() -> None:
     refused = helm("template", "gpumeter", CHART, "--set", "worker.replicas=7",
                    "--set", "kafka.partitions.samples=6")
