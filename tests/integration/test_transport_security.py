@@ -293,6 +293,29 @@ def test_hooks_without_client_ca_take_a_rotated_certificate(pki: Pki) -> None:
         live.stop()
 
 
+def test_with_a_client_ca_no_session_is_resumed_past_a_ca_rotation(pki: Pki) -> None:
+    """A resumed session skips the client certificate check: with a client CA the hooks speak
+    TLS 1.3 only and send no session tickets, so every connection shows its certificate."""
+    live = LiveHooks(ssl_context=server_ssl_context(pki.cert, pki.key, pki.client_ca)).start()
+    try:
+        old_tls = client_context(pki, pki.client_old)
+        old_tls.maximum_version = ssl.TLSVersion.TLSv1_2
+        assert refused(live.port, old_tls)
+        context = client_context(pki, pki.client_old)
+        with socket.create_connection(("127.0.0.1", live.port)) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as first:
+            first.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert first.recv(12) == b"HTTP/1.1 200"
+            session = first.session
+        with socket.create_connection(("127.0.0.1", live.port)) as raw, \
+                context.wrap_socket(raw, server_hostname="127.0.0.1", session=session) as second:
+            second.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert second.recv(12) == b"HTTP/1.1 200"
+            assert not second.session_reused
+    finally:
+        live.stop()
+
+
 # -- keep-alive --------------------------------------------------------------------------------
 
 
