@@ -33,7 +33,7 @@ import pytest
 from cryptography import x509
 
 from gpumeter.core.settings import Settings, settings_env
-from scheduler_hooks.extender.server import HooksServer, server_ssl_context
+from scheduler_hooks.extender.server import server_ssl_context
 from testkit.certs import CertificateAuthority, Issued
 from testkit.live_hooks import LiveHooks
 from tests.services import REPO, free_port, wait_until
@@ -351,9 +351,7 @@ def test_the_api_closes_an_idle_keep_alive_connection(start_api: Callable[..., R
 
 
 def test_the_hooks_close_an_idle_keep_alive_connection() -> None:
-    live = LiveHooks()
-    live.server = HooksServer(live.state, "127.0.0.1:0", keepalive_seconds=1)
-    live.start()
+    live = LiveHooks(keepalive_seconds=1).start()
     try:
         with idle_connection(live.port) as sock:
             wait_until(lambda: closed_by_server(sock), 30, "the hooks close the idle connection")
