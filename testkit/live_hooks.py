@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from gpumeter.core.tenants import TenantsFile
 from scheduler_hooks.cluster.feeds import Feed, loop_poster, start_all, stop_all
 from scheduler_hooks.cluster.state import HooksState
-from scheduler_hooks.extender.server import HooksServer
+from scheduler_hooks.extender.server import DEFAULT_KEEPALIVE_SECONDS, HooksServer
 
 T = TypeVar("T")
 
@@ -27,12 +27,13 @@ class LiveHooks:
     """``start()`` -> serving on ``port``; ``stop()`` stops feeds, server and loop."""
 
     def __init__(self, tenants: TenantsFile | None = None, *, ssl_context: ssl.SSLContext | None = None,
-                 listen: str = "127.0.0.1:0") -> None:
+                 listen: str = "127.0.0.1:0", keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS) -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="live-hooks", daemon=True)
         self._thread.start()
         self.state: HooksState = self.call(lambda: HooksState(tenants))
-        self.server = HooksServer(self.state, listen, ssl_context=ssl_context)
+        self.server = HooksServer(self.state, listen, ssl_context=ssl_context,
+                                  keepalive_seconds=keepalive_seconds)
         self.feeds: list[Feed] = []
         self.post = loop_poster(self.loop)
 

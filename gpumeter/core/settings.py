@@ -211,7 +211,10 @@ class HooksSettings(BaseModel):
     tls_cert: OptionalPath = None
     tls_key: OptionalPath = None
     # With a client CA a client certificate is required (kube-scheduler's extender tlsConfig).
+    # The three files are re-read when they change (a rotated certificate needs no restart).
     client_ca: OptionalPath = None
+    # An idle keep-alive connection is closed after this long (above common load balancers' 60 s).
+    keepalive_seconds: Annotated[int, Field(ge=1, le=3600)] = 75
     group: str = "gpumeter-hooks"
     # Record every decision, act on none (no annotation, no eviction, no queue change).
     dry_run: bool = False
@@ -258,6 +261,26 @@ class ApiSettings(BaseModel):
     # YAML {tokens: [{sha256: <hex>, tenant: T} | {sha256: <hex>, role: finance}]}; digests, never
     # tokens. None: no token is valid, so every request but /healthz is refused.
     tokens: OptionalPath = None
+    # HTTPS when both are set; with client_ca a client certificate signed by it is required too
+    # (besides the token). The files are re-read when they change (a rotated certificate needs
+    # no restart).
+    tls_cert: OptionalPath = None
+    tls_key: OptionalPath = None
+    client_ca: OptionalPath = None
+    # Requests per second each token may make (a token bucket of rate_burst requests); callers
+    # without a valid token share one bucket per client address. /healthz is never limited.
+    rate_limit: Annotated[float, Field(gt=0, le=100_000)] = 20.0
+    rate_burst: Annotated[int, Field(ge=1, le=100_000)] = 40
+    # An idle keep-alive connection is closed after this long (above common load balancers' 60 s).
+    keepalive_seconds: Annotated[int, Field(ge=1, le=3600)] = 75
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ApiSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("api.tls_cert and api.tls_key must be set together")
+        if self.client_ca is not None and self.tls_cert is None:
+            raise ValueError("api.client_ca needs api.tls_cert and api.tls_key")
+        return self
 
 
 class InvoiceSettings(BaseModel):

@@ -72,4 +72,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "malformed period, format or paper"},
     401: {"model": ErrorBody, "description": "missing or unknown bearer token"},
     404: {"model": ErrorBody, "description": "no such invoice, or another tenant's data"},
+    429: {"model": ErrorBody, "description": "over the request rate limit; retry after Retry-After seconds",
+          "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}},
 }

@@ -21,6 +21,11 @@ and Volcano's victims are echoed back, so they must go out as the same JSON numb
 TLS (contract 6): ``hooks.tls_cert`` + ``hooks.tls_key`` serve HTTPS; with ``hooks.client_ca``
 a client certificate signed by that CA is required (``ssl.CERT_REQUIRED``), the one way
 kube-scheduler's extender ``tlsConfig`` can authenticate; only that CA is trusted for clients.
+The three files are re-read when they change (a rotated certificate or CA is served to new
+connections without a restart; a pair that does not load keeps the last good one).
+
+Keep-alive: an idle connection is closed after ``hooks.keepalive_seconds`` (75 s by default,
+above the 60 s idle time of common load balancers; aiohttp's own default is an hour).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from prometheus_client import (
 )
 
 from gpumeter.core.config_files import ConfigError
+from gpumeter.infra.tls import server_tls
 from scheduler_hooks.cluster.kube_json import WireError
 from scheduler_hooks.cluster.state import HooksState
 from scheduler_hooks.extender import wire_kube, wire_volcano
@@ -76,6 +82,7 @@ VOLCANO_VERBS: dict[str, Handler] = {
 # Latency buckets around the target (p99 < 5 ms at 5,000 nodes).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 UNKNOWN_ROUTE = "unknown"
+DEFAULT_KEEPALIVE_SECONDS = 75.0
 
 
 class BadRequest(Exception):
@@ -248,28 +255,10 @@ def freeze_heap() -> None:
 
 
 def server_ssl_context(cert: Path | None, key: Path | None, client_ca: Path | None) -> ssl.SSLContext | None:
-    """HTTPS when cert and key are set; a client CA makes client certificates required."""
-    if cert is None and key is None:
-        if client_ca is not None:
-            raise ConfigError("hooks.client_ca needs hooks.tls_cert and hooks.tls_key")
-        return None
-    if cert is None or key is None:
-        raise ConfigError("hooks.tls_cert and hooks.tls_key must be set together")
-    # A bare server context: create_default_context() would also trust the system CAs for
-    # client certificates, letting any publicly signed certificate in.
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"hooks TLS: cannot load certificate {cert} and key {key}: {exc}") from None
-    if client_ca is not None:
-        try:
-            context.load_verify_locations(cafile=str(client_ca))
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"hooks TLS: cannot load client CA {client_ca}: {exc}") from None
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
+    """HTTPS when cert and key are set; a client CA makes client certificates required. The
+    files are re-read when they change (gpumeter.infra.tls): new handshakes get the new ones."""
+    tls = server_tls(cert, key, client_ca, name="hooks")
+    return None if tls is None else tls.context
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -289,16 +278,19 @@ class HooksServer:
         *,
         ssl_context: ssl.SSLContext | None = None,
         metrics: HooksMetrics | None = None,
+        keepalive_seconds: float = DEFAULT_KEEPALIVE_SECONDS,
     ) -> None:
         self.state = state
         self.host, self._port = parse_listen(listen)
         self.ssl_context = ssl_context
         self.metrics = metrics or HooksMetrics(state)
+        self.keepalive_seconds = keepalive_seconds
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         # No access log: the scheduler calls several times per pod; /metrics counts them.
-        self._runner = web.AppRunner(build_app(self.state, self.metrics), access_log=None)
+        self._runner = web.AppRunner(build_app(self.state, self.metrics), access_log=None,
+                                     keepalive_timeout=self.keepalive_seconds)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self._port, ssl_context=self.ssl_context)
         await site.start()

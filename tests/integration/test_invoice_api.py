@@ -97,6 +97,8 @@ def api(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Itera
     ]
     tokens.write_text(json.dumps({"tokens": entries}))  # JSON is YAML too
     configured.api.tokens = tokens
+    # The property-based run below makes hundreds of requests a second: not what it tests.
+    configured.api.rate_limit, configured.api.rate_burst = 100_000, 100_000
     port = free_port()
     configured.api.listen = f"127.0.0.1:{port}"
     log = (tmp / "api.log").open("w")

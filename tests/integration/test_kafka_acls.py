@@ -25,7 +25,7 @@ from testkit.builders import sample
 from testkit.secure_kafka import ADMIN, SecureKafka, secure_kafka
 from tests.services import Endpoints, Namespaces, isolated_settings, run_cli, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.security]
 
 PREFIX = "acl."
 TENANT = "tenant-creds"  # a tenant's credentials: a valid login, no ACL

@@ -26,7 +26,7 @@ from testkit.builders import OMIT, random_samples, sample
 from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli, wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.security]
 
 POISON: dict[str, dict[str, Any]] = {
     "priority-3e9": {"priority": 3_000_000_000},

@@ -24,7 +24,7 @@ from testkit.kube_cluster import Kube
 from tests.kube.test_rbac import SA_NAMESPACE, apply_rbac, service_account_client
 from tests.support.rendered import rendered
 
-pytestmark = pytest.mark.kube
+pytestmark = [pytest.mark.kube, pytest.mark.security]
 
 OPERATOR_GROUP = "gpumeter:operators"
 PROTECTED = "gpumeter.io/protected"

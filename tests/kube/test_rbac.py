@@ -20,7 +20,7 @@ from testkit.kube_cluster import Kube, wait_for_default_service_account
 from tests.kube.fixtures import CreateGpuNodes
 from tests.support.rendered import NAMESPACE, rendered
 
-pytestmark = pytest.mark.kube
+pytestmark = [pytest.mark.kube, pytest.mark.security]
 
 SA_NAMESPACE = NAMESPACE
 SA_NAME = "gpumeter-actuator"

@@ -45,7 +45,7 @@ from tests.kube.test_actuator import (
 )
 from tests.services import Endpoints, Namespaces, isolated_settings
 
-pytestmark = [pytest.mark.kube, pytest.mark.integration]
+pytestmark = [pytest.mark.kube, pytest.mark.integration, pytest.mark.security]
 
 ROLES_USED: tuple[Role, ...] = ("agent", "worker", "hooks")
 WINDOWS = 3  # of 60 s, 3 GPUs each tenant: 0.05 GPU-hours a window

@@ -139,7 +139,8 @@ async def _start_extender(settings: Settings, tenants: Any, api: Any, stop: asyn
     if settings.tenants is not None:
         feeds.append(TenantsFileFeed(settings.tenants, state, post,
                                      every_seconds=settings.quota.reload_seconds))
-    server = HooksServer(state, hooks.listen, ssl_context=ssl_context)
+    server = HooksServer(state, hooks.listen, ssl_context=ssl_context,
+                         keepalive_seconds=hooks.keepalive_seconds)
     try:
         await server.start()
     except OSError as exc:

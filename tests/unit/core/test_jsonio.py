@@ -8,6 +8,8 @@ import pytest
 
 from gpumeter.core import jsonio
 
+pytestmark = pytest.mark.security
+
 # Python refuses to convert an integer literal longer than sys.get_int_max_str_digits() (4,300
 # by default) with a plain ValueError: the attack of contract 1's poison (issue 31, point 1).
 HUGE_INTEGER = "9" * 5_000

@@ -8,6 +8,8 @@ from gpumeter.core import topics
 from gpumeter.core.kafka_acls import ROLES, KafkaAcl, role_acls
 from gpumeter.core.settings import KafkaSettings, Settings, WorkerSettings
 
+pytestmark = pytest.mark.security
+
 
 def granted(settings: Settings, role: str, resource: str = "topic") -> dict[str, set[str]]:
     """name -> operations of one role on one resource type."""

@@ -6,6 +6,8 @@ import pytest
 
 from gpumeter.infra.clickhouse import ClickHouseConfigError, parse_dsn, without_password
 
+pytestmark = pytest.mark.security
+
 
 def test_dsn_round_trips_with_another_database_and_keeps_credentials() -> None:
     for text in ("http://127.0.0.1:8123/gpumeter", "https://fin%40ops:p%3Ass@ch.example:8443/billing",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.infra.kafka import refusal
+
+pytestmark = pytest.mark.security
 
 
 def sasl(tmp_path: Path) -> KafkaSettings:

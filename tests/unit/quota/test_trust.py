@@ -19,6 +19,8 @@ from quota.trust import distrust
 from tests.unit.quota.builders import TENANT, policy, ts
 from tests.unit.quota.test_accounting import CASES, Reload, Step
 
+pytestmark = pytest.mark.security
+
 NOW = ts("2026-11-20T12:00:00Z")
 
 

@@ -91,6 +91,7 @@ def test_the_tenant_of_a_namespace_is_the_agents_everywhere(
         pytest.param({"gpumeter.io/protection-allowed": "true"}, {}, False, id="not-annotated"),
     ],
 )
+@pytest.mark.security
 def test_a_pod_is_protected_alike_for_the_extender_and_the_actuator(
     namespace_labels_: dict[str, str], annotations: dict[str, str], protected: bool
 ) -> None:

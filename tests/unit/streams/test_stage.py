@@ -109,6 +109,7 @@ HUGE_INTEGER = "9" * 5_000  # beyond Python's 4,300-digit int conversion limit
                      id="huge-quantity"),
     ],
 )
+@pytest.mark.security
 def test_a_poisoned_line_is_a_dead_letter_and_the_samples_beside_it_are_rated(
     native: bool, poison: bytes
 ) -> None:

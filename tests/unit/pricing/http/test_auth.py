@@ -13,6 +13,8 @@ import pytest
 from gpumeter.core.config_files import ConfigError
 from pricing.http.auth import Caller, Tokens, load_tokens
 
+pytestmark = pytest.mark.security
+
 
 def sha(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()

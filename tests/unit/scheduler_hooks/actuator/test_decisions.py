@@ -866,6 +866,7 @@ def test_reclaim_frees_room_with_the_fewest_spot_pods() -> None:
     assert plan_names([node("gpu-0")], pods) == [("trainer", "gpu-0", ["spot-new"])]
 
 
+@pytest.mark.security
 def test_reclaim_takes_a_spot_pod_whose_namespace_does_not_allow_its_protection() -> None:
     pods = [spot_pod("s", 4, annotations=PROTECT), waiting("trainer", 2)]
     assert plan_names([node("gpu-0")], pods) == [("trainer", "gpu-0", ["s"])]

@@ -273,6 +273,7 @@ def test_watched_node_and_namespace_tenant() -> None:
     assert watched_namespace(allowed) == WatchedNamespace("ns", "ns", protection_allowed=True)
 
 
+@pytest.mark.security
 def test_protection_follows_the_namespace_label() -> None:
     state = HooksState()
     state.upsert_pod(pod("p", node="n1", asks_protection=True))

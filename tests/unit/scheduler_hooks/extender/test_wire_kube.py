@@ -210,6 +210,7 @@ def test_preempt_full_victims_answers_meta_form_and_reads_annotations() -> None:
     }
 
 
+@pytest.mark.security
 def test_preempt_ignores_the_annotation_where_the_namespace_does_not_allow_protection() -> None:
     unlabelled = Policy(replace(POLICY.view, protection_namespaces=frozenset()))
     assert handle_preempt(decode(PREEMPT_FULL), unlabelled) == {
