@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,65 +62,67 @@ def with_secrets(settings: Settings, tmp: Path, *, clickhouse_dsn: str, kafka_bo
     return configured
 
 
-def run_all(settings: Settings, tmp: Path) -> Iterator[tuple[str, subprocess.CompletedProcess[str]]]:
-    """Every command at once (several wait out Kafka's bootstrap timeout): their outputs."""
+def start_all(settings: Settings, tmp: Path) -> dict[str, subprocess.Popen[str]]:
+    """Every command at once (several wait out Kafka's bootstrap timeout)."""
     env = settings_env(settings)
-    running = {
+    return {
         name: subprocess.Popen([sys.executable, "-m", "gpumeter.app.cli", *argv], env=env, cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                text=True)
         for name, argv in commands(tmp).items()
     }
+
+
+def outputs_of(running: dict[str, subprocess.Popen[str]]) -> dict[str, subprocess.CompletedProcess[str]]:
+    outputs = {}
     for name, process in running.items():
         try:
             stdout, stderr = process.communicate(timeout=240)
         except subprocess.TimeoutExpired:
             process.kill()
             stdout, stderr = process.communicate()
-        yield name, subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        outputs[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return outputs
 
 
-def assert_never_printed(settings: Settings, tmp: Path, failure: int = 1) -> None:
-    outputs = dict(run_all(settings, tmp))
+def assert_never_printed(setup: str, tmp: Path, outputs: dict[str, subprocess.CompletedProcess[str]],
+                         failure: int = 1) -> None:
     for name, result in outputs.items():
-        assert PASSWORD not in result.stdout + result.stderr, (name, result.stdout, result.stderr)
+        assert PASSWORD not in result.stdout + result.stderr, (setup, name, result.stdout, result.stderr)
         # Every command failed here for want of its services (1) or of a usable DSN (2), with
         # one line saying why; status reports instead.
         if name not in ("status", "status-json"):
-            assert result.returncode in (1, failure), (name, result.returncode, result.stderr)
-            assert result.stderr.strip(), name
+            assert result.returncode in (1, failure), (setup, name, result.returncode, result.stderr)
+            assert result.stderr.strip(), (setup, name)
     written = [path for path in tmp.rglob("*") if path.is_file() and path.name != "password"]
     for path in written:
-        assert PASSWORD.encode() not in path.read_bytes(), path
+        assert PASSWORD.encode() not in path.read_bytes(), (setup, path)
 
 
-def test_no_command_prints_a_password_when_the_servers_are_not_there(settings: Settings,
-                                                                      tmp_path: Path) -> None:
-    nowhere = f"127.0.0.1:{closed_port()}"
-    configured = with_secrets(settings, tmp_path, clickhouse_dsn=f"http://gpumeter@{nowhere}/gpumeter",
-                              kafka_bootstrap=f"127.0.0.1:{closed_port()}", password_file=True)
-    assert_never_printed(configured, tmp_path)
+def test_no_command_prints_a_password(settings: Settings, endpoints: Endpoints, tmp_path: Path) -> None:
+    """Four setups, every command of each, all run at once (most of the time is waiting):
+    - the servers are not there (password from files);
+    - the password written in the DSN;
+    - a DSN that does not parse, password in it (usage error, exit 2);
+    - the real servers refuse it: the test ClickHouse's user has no password, and the test
+      Kafka listener is plaintext, so the SASL handshake is refused."""
+    def nowhere() -> str:
+        return f"127.0.0.1:{closed_port()}"
 
-
-def test_no_command_prints_a_password_written_in_the_dsn(settings: Settings, tmp_path: Path) -> None:
-    nowhere = f"127.0.0.1:{closed_port()}"
-    configured = with_secrets(settings, tmp_path, clickhouse_dsn=f"http://gpumeter:{PASSWORD}@{nowhere}/gpumeter",
-                              kafka_bootstrap=f"127.0.0.1:{closed_port()}", password_file=False)
-    assert_never_printed(configured, tmp_path)
-
-
-def test_no_command_prints_the_password_of_a_dsn_it_cannot_parse(settings: Settings, tmp_path: Path) -> None:
-    configured = with_secrets(settings, tmp_path, clickhouse_dsn=f"http://gpumeter:{PASSWORD}@127.0.0.1:port/db",
-                              kafka_bootstrap=f"127.0.0.1:{closed_port()}", password_file=False)
-    assert_never_printed(configured, tmp_path, failure=2)
-
-
-def test_no_command_prints_a_password_the_real_servers_refuse(settings: Settings, endpoints: Endpoints,
-                                                              tmp_path: Path) -> None:
-    # The test ClickHouse's user has no password, so this one is refused; the test Kafka
-    # listener is plaintext, so the SASL handshake is refused.
     host = endpoints.clickhouse_url.split("://", 1)[1].rpartition("@")[2]
     database = settings.clickhouse.dsn.rpartition("/")[2]
-    configured = with_secrets(settings, tmp_path, clickhouse_dsn=f"http://default@{host}/{database}",
-                              kafka_bootstrap=endpoints.kafka_bootstrap, password_file=True)
-    assert_never_printed(configured, tmp_path)
+    setups = {  # name: (ClickHouse DSN, Kafka bootstrap, password file, exit code of a failure)
+        "servers absent": (f"http://gpumeter@{nowhere()}/gpumeter", nowhere(), True, 1),
+        "password in the DSN": (f"http://gpumeter:{PASSWORD}@{nowhere()}/gpumeter", nowhere(), False, 1),
+        "DSN that does not parse": (f"http://gpumeter:{PASSWORD}@127.0.0.1:port/db", nowhere(), False, 2),
+        "servers refuse": (f"http://default@{host}/{database}", endpoints.kafka_bootstrap, True, 1),
+    }
+    running = {}
+    for index, (setup, (dsn, bootstrap, password_file, _failure)) in enumerate(setups.items()):
+        tmp = tmp_path / f"setup-{index}"
+        tmp.mkdir()
+        configured = with_secrets(settings, tmp, clickhouse_dsn=dsn, kafka_bootstrap=bootstrap,
+                                  password_file=password_file)
+        running[setup] = (tmp, start_all(configured, tmp))
+    for setup, (tmp, processes) in running.items():
+        assert_never_printed(setup, tmp, outputs_of(processes), failure=setups[setup][3])
