@@ -513,9 +513,14 @@ def test_any_json_in_any_field_is_answered_200_or_400(
 
 # Numbers and shapes a JSON parser takes but the wire's Go types cannot hold: integers past 64
 # bits (and past Python's 4,300-digit conversion limit), exponents past float64, deep nesting.
+# And the same as strings, where a field is a resource quantity ("2", "2000m"): a quantity of a
+# million digits once took minutes to round up to whole GPUs, or overflowed into a 500.
+HUGE_QUANTITIES = ['"' + "9" * 100_000 + '"', '"' + "9" * 1_000_001 + '"', '"9' + "9" * 30 + 'Gi"',
+                   '"' + "9" * 19 + '"', '"0.' + "1" * 5_000 + '"']
 RAW_NUMBERS = st.sampled_from([
     "9" * 20, "-" + "9" * 20, "9" * 400, "9" * 4_301, "9" * 6_000, "1e400", "-1e400", "1e-400",
     "1.5E+999999", "0." + "1" * 2_000, "12345678901234567890123456789.5", "[" * 3_000 + "]" * 3_000,
+    "1e300", *HUGE_QUANTITIES,
 ])
 _RAW = "__raw_json__"
 
@@ -533,6 +538,39 @@ def test_huge_numbers_and_deep_nesting_in_any_field_are_answered_200_or_400(
     assert status in (200, 400), (route, paths[choice % len(paths)], raw[:40], answer[:300])
     if status == 400:
         assert isinstance(json.loads(answer)["error"], str)
+
+
+# Every place a GPU quantity is read from a request, with each huge quantity: always answered,
+# a quantity beyond 64 bits (or past 64 characters) is a 400 naming the field.
+QUANTITY_PATHS = [
+    ("/kube/filter", ("Pod", "spec", "containers", 0, "resources", "limits", GPU)),
+    ("/kube/filter", ("Pod", "spec", "containers", 0, "resources", "requests", GPU)),
+    ("/kube/preempt", ("NodeNameToVictims", "od-1", "Pods", 0, "spec", "containers", 0, "resources",
+                       "limits", GPU)),
+    ("/volcano/predicate", ("task", "Pod", "spec", "containers", 0, "resources", "limits", GPU)),
+    ("/volcano/jobEnqueueable", ("job", "PodGroup", "Spec", "MinResources", GPU)),
+]
+HUGE = ["9" * 100_000, "9" * 1_000_001, "9" * 30 + "Gi", "1" + "0" * 19]
+# Quantity strings where the wire has v1 quantities; JSON numbers in a Volcano Resource.
+QUANTITY_CASES = [(route, path, json.dumps(raw)) for route, path in QUANTITY_PATHS for raw in HUGE] + [
+    ("/volcano/prioritize", ("task", "Resreq", "ScalarResources", GPU), raw)
+    for raw in ("1" + "0" * 19, "1e300")
+]
+
+
+@pytest.mark.parametrize(("route", "path", "value"), QUANTITY_CASES,
+                         ids=[f"{route}-{path[-2]}-{len(value)}" for route, path, value in QUANTITY_CASES])
+def test_a_gpu_quantity_beyond_64_bits_is_400_naming_the_field(
+    fuzz_hooks: LiveHooks, route: str, path: tuple[Any, ...], value: str
+) -> None:
+    """Issue 31, point 6: "9" * 1,000,001 answered 500 (decimal.Overflow) and "9" * 100,000
+    held the loop for a second (rounding it up to whole GPUs); "9" * 999,990 for minutes."""
+    document = _replaced(VALID[route], path, _RAW)
+    body = json.dumps(document).replace(json.dumps(_RAW), value).encode()
+    status, answer = fuzz_hooks.request("POST", route, body)
+    assert status == 400, answer[:300]
+    reason = json.loads(answer)["error"]
+    assert GPU in reason and str(path[-2]) in reason, reason
 
 
 # -- TLS -------------------------------------------------------------------------------------
