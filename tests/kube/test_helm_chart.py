@@ -180,6 +180,36 @@ def test_every_workload_loads_its_rendered_settings(values: tuple[Path, ...], tm
         load_settings(path, env=env)
 
 
+@pytest.mark.parametrize(
+    ("sets", "ca", "insecure"),
+    [
+        pytest.param({}, None, False, id="default-verifies-with-the-cluster-ca"),
+        pytest.param({"agent.kubeletCAConfigMap": "kubelet-ca"}, Path("/etc/gpumeter/kubelet-ca/ca.crt"),
+                     False, id="a-named-ca"),
+        pytest.param({"agent.kubeletInsecureTLS": True}, None, True, id="insecure-only-when-asked"),
+    ],
+)
+def test_the_agent_verifies_the_kubelet_unless_told_not_to(
+    sets: dict[str, str | bool], ca: Path | None, insecure: bool
+) -> None:
+    """Issue 31, point 4: the chart used to turn kubelet TLS verification off by default."""
+    from collectors.agent.collector import AgentConfig
+
+    docs = render("gpumeter", "gpumeter-system", sets=sets)
+    spec = pod_spec(find(docs, "DaemonSet", "gpumeter-agent"))
+    (container,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = AgentConfig.from_env({**env, "NODE_IP": "10.0.0.7"})
+    assert (config.kubelet_ca, config.kubelet_insecure_tls) == (ca, insecure)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    if ca is not None:
+        assert mounts[str(ca.parent)] == "kubelet-ca"
+        assert volumes["kubelet-ca"]["configMap"]["name"] == sets["agent.kubeletCAConfigMap"]
+    else:
+        assert "kubelet-ca" not in volumes
+
+
 def test_the_documented_kafka_acls_are_the_roles_acls_of_the_code() -> None:
     """values.yaml's kafka.acls (for the platform's ACL tooling) say what gpumeter/core/kafka_acls.py
     grants each role the chart runs, under the default settings."""
