@@ -8,6 +8,7 @@ scheduler_hooks.cluster.placement / policy, not read back from the code.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import ssl
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from quota.periods import period_key
-from scheduler_hooks.cluster.state import WatchedNode, WatchedPod
+from scheduler_hooks.cluster.state import WatchedNode, WatchedPod, watched_namespace
 from scheduler_hooks.extender.server import MAX_BODY_BYTES, server_ssl_context
 from testkit.live_hooks import LiveHooks
 
@@ -194,6 +195,32 @@ def test_filter_refuses_a_pod_that_would_exceed_max_gpus(hooks: LiveHooks) -> No
     message = answer["FailedAndUnresolvableNodes"]["h100-b"]
     assert message.startswith("gpumeter: tenant team-m over max_gpus quota") and "limit 4" in message
     status, answer = hooks.post_json("/kube/filter", {"Pod": pod("team-m", gpus=1), "NodeNames": ["h100-b"]})
+    assert answer["NodeNames"] == ["h100-b"]
+
+
+def test_a_namespace_whose_tenant_label_is_no_tenant_id_is_refused_never_folded(hooks: LiveHooks) -> None:
+    """Issue 31, point 7: ``TEAM_B`` and ``Team.B`` were folded into ``team-b``: a namespace labelled
+    either way got team-b's quota, and team-b's block or max_gpus did not stop it in the same way.
+    Now each is no tenant: its GPU pods are refused naming the label, its CPU pods pass."""
+
+    def labelled(name: str, value: str) -> None:
+        watched = watched_namespace({"metadata": {"name": name, "labels": {"gpumeter.io/tenant": value}}})
+        assert watched is not None
+        hooks.state.upsert_watched_namespace(watched)
+
+    for name, value in (("shouting", "TEAM_B"), ("dotted", "Team.B"), ("proper", "team-b")):
+        hooks.call(functools.partial(labelled, name, value))
+    for namespace in ("shouting", "dotted"):
+        status, answer = hooks.post_json("/kube/filter", {"Pod": pod(namespace), "NodeNames": ["h100-b"]})
+        assert status == 200 and answer["NodeNames"] == []
+        message = answer["FailedAndUnresolvableNodes"]["h100-b"]
+        assert message.startswith(f"gpumeter: namespace {namespace} has no valid tenant") and \
+            "gpumeter.io/tenant" in message
+        cpu_only = {"Pod": pod(namespace, gpus=0), "NodeNames": ["h100-b"]}
+        assert hooks.post_json("/kube/filter", cpu_only)[1]["NodeNames"] == ["h100-b"]  # nothing to refuse
+        job = {"UID": "j", "Namespace": namespace, "TotalRequest": {"ScalarResources": {GPU: 1000}}}
+        assert hooks.post_json("/volcano/jobEnqueueable", {"job": job}) == (200, {"status": -1})
+    status, answer = hooks.post_json("/kube/filter", {"Pod": pod("proper"), "NodeNames": ["h100-b"]})
     assert answer["NodeNames"] == ["h100-b"]
 
 
