@@ -10,6 +10,7 @@ actuator shares.
 Errors are JSON ``{"error": reason}``, never HTML and never a traceback:
 
 - body over 16 MiB: 413 (refused from ``Content-Length`` before reading when it is sent);
+- a body with a ``Content-Encoding`` (gzip, deflate, br...): 415, unread (nothing inflates it);
 - not JSON, not UTF-8, NaN/Infinity, nested too deeply, or a shape the wire modules reject: 400;
 - a verb before the state is loaded: 503 with what it waits for. Both schedulers treat a
   non-200 answer as the extender failing: with ``ignorable: false`` the pod waits and is
@@ -244,6 +245,11 @@ def _verb_handler(state: HooksState, policy: Policy, verb: Verb,
         return verb.parse(decode(body))
 
     async def handle(request: web.Request) -> web.Response:
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            # Neither scheduler compresses a request; inflating one would cost in proportion to
+            # what it inflates to, not to what was sent (a 2 MB gzip stream is 2 GB of zeros).
+            return error_response(415, f"Content-Encoding {encoding!r} is not accepted: send JSON as it is")
         length = request.content_length
         if length is not None and length > MAX_BODY_BYTES:
             return error_response(413, f"request body of {length} bytes exceeds {MAX_BODY_LABEL}")
@@ -334,7 +340,10 @@ class HooksServer:
 
     async def start(self) -> None:
         # No access log: the scheduler calls several times per pod; /metrics counts them.
-        self._runner = web.AppRunner(build_app(self.state, self.metrics), access_log=None)
+        # auto_decompress off: a compressed body is refused (415), never inflated by the parser
+        # on the event loop before any handler runs.
+        self._runner = web.AppRunner(build_app(self.state, self.metrics), access_log=None,
+                                     auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self._port, ssl_context=self.ssl_context)
         await site.start()

@@ -15,10 +15,12 @@ request was being handled.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
 import json
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -213,3 +215,27 @@ def test_a_large_body_is_answered_while_the_loop_keeps_serving(hooks: LiveHooks,
         assert len(during) >= 10 and len(ticks) >= 10, (
             f"{len(during)} /healthz answered and {len(ticks)} loop ticks while {len(body):,} bytes "
             f"were being handled ({len(probes.health)} /healthz in all): the request held the event loop")
+
+
+@functools.cache
+def gzip_bomb(inflated: int) -> bytes:
+    """A gzip stream of ``inflated`` bytes of a JSON array of zeros, about a thousandth that size."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: the gzip container
+    chunk = b"0," * (512 * 1024)
+    parts = [packer.compress(b"[")]
+    parts += [packer.compress(chunk) for _ in range(inflated // len(chunk))]
+    return b"".join([*parts, packer.compress(b"0]"), packer.flush()])
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br", "GZIP"])
+def test_a_compressed_body_is_refused_unread_never_inflated(hooks: LiveHooks, encoding: str) -> None:
+    """Neither scheduler compresses an extender request (Go's http.Client sends bodies as they are).
+    aiohttp inflated one before the handler saw it: 2 MB of gzip became 2 GB of work on the event
+    loop before the 413. Now a request body with any Content-Encoding is 415, inflated by nobody."""
+    bomb = gzip_bomb(2 * 1024**3)
+    assert len(bomb) < 4 * 1024**2
+    status, answer = hooks.request("POST", "/kube/filter", bomb, {"Content-Encoding": encoding})
+    assert status == 415, answer[:200]
+    assert "Content-Encoding" in json.loads(answer)["error"]
+    # The next request on the same server is served as ever.
+    assert hooks.request("GET", "/healthz")[0] == 200
