@@ -48,6 +48,7 @@ from collectors.agent.kubelet_stats import (
     KubeletStatsClient,
     KubeletStatsError,
     NodeStats,
+    default_kubelet_ca,
 )
 from collectors.agent.metrics import AgentMetrics
 from collectors.agent.nvml_source import NvmlSource
@@ -345,6 +346,8 @@ class AgentConfig:
     # https://<node>:10250 (direct, RBAC nodes/stats), "apiserver" (node proxy, nodes/proxy), "" (off).
     kubelet_url: str | None = None
     kubelet_insecure_tls: bool = False
+    # The CA verifying the kubelet's serving certificate; None: the ServiceAccount's cluster CA.
+    kubelet_ca: Path | None = None
     proc_root: Path | None = Path("/proc")
     # Missed windows (an overrunning cycle, a restart) billed from the current observation, at most
     # this many; older ones are counted, not billed (collectors.agent.windows).
@@ -372,6 +375,8 @@ class AgentConfig:
             config.kubelet_url = env["GPUMETER_AGENT_KUBELET_URL"]
         elif env.get("NODE_IP"):
             config.kubelet_url = f"https://{env['NODE_IP']}:10250"
+        if env.get("GPUMETER_AGENT_KUBELET_CA"):
+            config.kubelet_ca = Path(env["GPUMETER_AGENT_KUBELET_CA"])
         if "GPUMETER_AGENT_BACKFILL_WINDOWS" in env:
             config.backfill_windows = int(env["GPUMETER_AGENT_BACKFILL_WINDOWS"])
         config.kubelet_insecure_tls = env.get("GPUMETER_AGENT_KUBELET_INSECURE_TLS", "").lower() in (
@@ -414,7 +419,8 @@ def build_nvml_collector(
 
         stats = ApiServerStatsClient(client.CoreV1Api(api), config.node)
     elif config.kubelet_url:
-        stats = KubeletStatsClient(config.kubelet_url, insecure=config.kubelet_insecure_tls)
+        stats = KubeletStatsClient(config.kubelet_url, insecure=config.kubelet_insecure_tls,
+                                   ca_path=default_kubelet_ca(config.kubelet_ca))
     return NodeCollector(
         cluster=config.cluster,
         node=config.node,

@@ -8,17 +8,30 @@ each pod carries ``podRef{name,namespace,uid}``, ``cpu.usageNanoCores``,
 Reached directly on the kubelet (``https://$NODE_IP:10250/stats/summary``, the
 ServiceAccount token as bearer, RBAC ``nodes/stats``) or through the API server's
 node proxy (``/api/v1/nodes/<node>/proxy/stats/summary``, RBAC ``nodes/proxy``).
+
+The kubelet's serving certificate is verified, host name (the node's IP) included, against the
+CA the agent is given (``GPUMETER_AGENT_KUBELET_CA``), by default the cluster CA of the pod's
+ServiceAccount: the kubelet's certificate is signed by it where the cluster issues kubelet
+serving certificates (``serverTLSBootstrap``, EKS, GKE, AKS). The bearer token goes only to a
+kubelet that proved itself so: sent to whoever answers on the node's port 10250 it would let
+them read every pod's stats as the agent. Verification is off only when asked for
+(``GPUMETER_AGENT_KUBELET_INSECURE_TLS=true``, for self-signed kubelet certificates), and the
+agent says so once in its log.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import ssl
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 TOKEN_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 CA_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
@@ -26,6 +39,10 @@ CA_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 
 class KubeletStatsError(RuntimeError):
     pass
+
+
+class KubeletCAError(KubeletStatsError):
+    """The CA named to verify the kubelet cannot be loaded: a configuration error, found at start."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,14 @@ def parse_summary(document: Any) -> NodeStats:
     return NodeStats(node=str(node.get("nodeName", "")), pods=pods)
 
 
+def default_kubelet_ca(explicit: Path | None) -> Path | None:
+    """The CA that verifies the kubelet: ``explicit`` when set, else the ServiceAccount's cluster
+    CA when the pod has one, else None (the system's trust store)."""
+    if explicit is not None:
+        return explicit
+    return CA_PATH if CA_PATH.is_file() else None
+
+
 class KubeletStatsClient:
     """Fetch the summary from the kubelet's HTTPS endpoint with the pod's ServiceAccount token."""
 
@@ -126,15 +151,21 @@ class KubeletStatsClient:
             self.url += "/stats/summary"
         self.token_path = token_path
         self.timeout = timeout
+        self.ca_path = ca_path
         self._context: ssl.SSLContext | None = None
         if self.url.startswith("https://"):
             if insecure:
-                # Kubelet serving certs are often self-signed (metrics-server's --kubelet-insecure-tls).
+                log.warning("kubelet TLS verification is off (GPUMETER_AGENT_KUBELET_INSECURE_TLS): "
+                            "the ServiceAccount token goes to whatever answers at %s", self.url)
                 self._context = ssl.create_default_context()
                 self._context.check_hostname = False
                 self._context.verify_mode = ssl.CERT_NONE
             else:
-                self._context = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
+                try:
+                    self._context = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
+                except (OSError, ssl.SSLError) as exc:
+                    raise KubeletCAError(f"kubelet CA {ca_path} (GPUMETER_AGENT_KUBELET_CA) "
+                                            f"cannot be loaded: {exc}") from None
 
     def fetch(self) -> NodeStats:
         request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
@@ -144,12 +175,25 @@ class KubeletStatsClient:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
                 body = response.read()
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ssl.SSLCertVerificationError):
+                raise KubeletStatsError(self._unverified(exc.reason)) from exc
+            raise KubeletStatsError(f"kubelet stats {self.url}: {exc}") from exc
+        except ssl.SSLCertVerificationError as exc:
+            raise KubeletStatsError(self._unverified(exc)) from exc
         except (OSError, ValueError) as exc:
             raise KubeletStatsError(f"kubelet stats {self.url}: {exc}") from exc
         try:
             return parse_summary(json.loads(body))
         except json.JSONDecodeError as exc:
             raise KubeletStatsError(f"kubelet stats {self.url}: not JSON: {exc}") from exc
+
+    def _unverified(self, exc: ssl.SSLCertVerificationError) -> str:
+        trusted = self.ca_path or "the system trust store"
+        return (f"kubelet stats {self.url}: the kubelet's certificate is not trusted "
+                f"({exc.verify_message or exc}) by {trusted}; set GPUMETER_AGENT_KUBELET_CA to the CA "
+                "that signs kubelet serving certificates, or GPUMETER_AGENT_KUBELET_INSECURE_TLS=true "
+                "to skip verification")
 
 
 class ApiServerStatsClient:

@@ -32,6 +32,7 @@ class _BuilderStats(Protocol):
     unknown_devices: int
     finished_holders: int
     invalid: int
+    invalid_tenant_label: int
 
 
 class _SampleBuilder(Protocol):
@@ -168,6 +169,11 @@ class _AgentState(Collector):
                 f"{PREFIX}_finished_pod_devices",
                 "Devices still listed by the kubelet for pods that had finished (not billed)",
                 value=collector.builder.stats.finished_holders,
+            )
+            yield CounterMetricFamily(
+                f"{PREFIX}_invalid_tenant_label",
+                "Samples withheld: their namespace's gpumeter.io/tenant label is not a tenant id",
+                value=collector.builder.stats.invalid_tenant_label,
             )
             yield CounterMetricFamily(
                 f"{PREFIX}_invalid_samples",

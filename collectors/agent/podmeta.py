@@ -2,8 +2,8 @@
 
 Rules (``gpumeter.core.kube``, shared with the scheduler extender and the actuator):
 
-* tenant: the namespace label ``gpumeter.io/tenant``, else the namespace name,
-  normalized to ``[a-z0-9][a-z0-9-]{0,62}``.
+* tenant: the namespace label ``gpumeter.io/tenant``, else the namespace name; None when that
+  is not a tenant id ``[a-z0-9][a-z0-9-]{0,62}`` (never folded: the pod's samples are withheld).
 * capacity type: the node label ``gpumeter.io/capacity-type``; else the
   cloud's own spot labels (Karpenter, EKS, GKE, AKS); else the pod's label or
   annotation ``gpumeter.io/capacity-type``; else ``on-demand``. The node wins
@@ -60,7 +60,7 @@ class PodInfo:
     name: str
     node: str
     phase: str
-    tenant: str
+    tenant: str | None  # None: the namespace's gpumeter.io/tenant label is not a tenant id
     priority: int
     capacity_type: CapacityType
     start_time: datetime | None

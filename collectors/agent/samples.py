@@ -112,6 +112,8 @@ class BuildStats:
     unknown_devices: int = 0  # devices NVML never reported
     finished_holders: int = 0  # devices still listed for a pod that had finished before the window
     invalid: int = 0  # samples that failed contract 1 (a bug: logged)
+    # Samples withheld: their namespace's gpumeter.io/tenant label is not a tenant id (never folded).
+    invalid_tenant_label: int = 0
     skipped_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -121,8 +123,19 @@ class SampleBuilder:
     node: str
     interval: int
     stats: BuildStats = field(default_factory=BuildStats)
+    _warned_namespaces: set[str] = field(default_factory=set)
 
     def _make(self, **fields: Any) -> UsageSample | None:
+        if fields.get("tenant") is None:  # a label that is no tenant id: billed to no one, counted
+            self.stats.invalid_tenant_label += 1
+            namespace = str(fields.get("namespace"))
+            if namespace not in self._warned_namespaces:
+                self._warned_namespaces.add(namespace)
+                log.error("namespace %s: its gpumeter.io/tenant label is not a tenant id "
+                          "([a-z0-9][a-z0-9-]{0,62}); its pods are not metered until it is fixed "
+                          "(gpumeter_agent_invalid_tenant_label_total counts the samples withheld)",
+                          namespace)
+            return None
         try:
             return UsageSample(**fields)
         except ValueError as exc:

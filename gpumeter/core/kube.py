@@ -4,8 +4,8 @@ the actuator enforce by them, so one definition keeps them from drifting apart.
 Inputs are API objects in their JSON form (camelCase keys, what the API server sends and the
 kubernetes client's ``sanitize_for_serialization`` gives); no kubernetes import.
 
-* Tenant of a namespace (contract 6): its label ``gpumeter.io/tenant``, else its name,
-  normalised onto ``[a-z0-9][a-z0-9-]{0,62}``.
+* Tenant of a namespace (contract 6): its label ``gpumeter.io/tenant``, else its name; a value
+  that is not a tenant id (``[a-z0-9][a-z0-9-]{0,62}``) is no tenant, never folded into one.
 * Capacity type of a node: the label ``gpumeter.io/capacity-type``; else the cloud's own spot
   labels (Karpenter, EKS, GKE, AKS); else nothing said. The explicit label wins: it is how an
   operator corrects what a cloud label says (capacity reserved for spot-priced instances). A pod
@@ -71,7 +71,7 @@ _CLOUD_CAPACITY: tuple[tuple[str, Callable[[str], CapacityType | None]], ...] = 
     (AKS_PRIORITY_LABEL, lambda v: "spot" if v == "spot" else None),
 )
 
-_TENANT_BAD = re.compile(r"[^a-z0-9-]+")
+_TENANT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$")
 _SUFFIXES: Mapping[str, Decimal] = {
     "n": Decimal("1e-9"),
@@ -111,16 +111,36 @@ def parse_quantity(value: Any) -> Decimal:
 # -- tenant -------------------------------------------------------------------------------------
 
 
-def normalize_tenant(text: str) -> str:
-    """Any label value or namespace name onto the tenant pattern ``[a-z0-9][a-z0-9-]{0,62}``."""
-    value = _TENANT_BAD.sub("-", text.strip().lower()).lstrip("-")
-    return value[:63].rstrip("-") or "unknown"
+# What the hooks keep as the tenant of a namespace whose label is not a tenant id: never a
+# tenant id itself, so it matches no tenant's quota, limit or pods.
+NO_TENANT = ""
 
 
-def tenant_of_namespace(name: str, labels: Mapping[str, Any] | None = None) -> str:
-    """The tenant of namespace ``name`` with these labels: ``gpumeter.io/tenant``, else the name."""
+def is_tenant_id(text: str) -> bool:
+    """``[a-z0-9][a-z0-9-]{0,62}``: contract 1's tenant, and every namespace name (a DNS label)."""
+    return _TENANT_ID.fullmatch(text) is not None
+
+
+def invalid_tenant_label(labels: Mapping[str, Any] | None) -> str | None:
+    """The namespace's ``gpumeter.io/tenant`` value when it is set and is not a tenant id, else None."""
     label = (labels or {}).get(TENANT_LABEL)
-    return normalize_tenant(label if isinstance(label, str) and label else name)
+    if isinstance(label, str) and label and not is_tenant_id(label):
+        return label
+    return None
+
+
+def tenant_of_namespace(name: str, labels: Mapping[str, Any] | None = None) -> str | None:
+    """The tenant of namespace ``name`` with these labels: ``gpumeter.io/tenant``, else the name;
+    None when that value is not a tenant id.
+
+    Never folded: ``TEAM_B`` or ``Team.B`` (valid label values) are not ``team-b``. Folding made
+    two labels one tenant, so one was billed and held to quota as the other; a value that is not
+    a tenant id belongs to no tenant, and each component says so (the agent withholds the pod's
+    samples and counts them, the extender refuses its GPU pods naming the label).
+    """
+    label = (labels or {}).get(TENANT_LABEL)
+    value = label if isinstance(label, str) and label else name
+    return value if is_tenant_id(value) else None
 
 
 # -- capacity type ------------------------------------------------------------------------------

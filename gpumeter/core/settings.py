@@ -7,6 +7,7 @@ GPUMETER_CLICKHOUSE_DSN. Env vars win over the file; the file wins over defaults
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from importlib import resources
@@ -202,6 +203,15 @@ def pod_namespace(namespace_file: Path = SERVICE_ACCOUNT_NAMESPACE_FILE) -> str:
     return found or "default"
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
 class HooksSettings(BaseModel):
     """`gpumeter hooks`: the scheduler extender HTTP service and the quota actuator (contract 6)."""
 
@@ -215,6 +225,10 @@ class HooksSettings(BaseModel):
     client_ca: OptionalPath = None
     # An idle keep-alive connection is closed after this long (above common load balancers' 60 s).
     keepalive_seconds: Annotated[int, Field(ge=1, le=3600)] = 75
+    # Plain HTTP on an address other than loopback: the Volcano verbs answer any tenant's quota
+    # state to whoever asks, so only by explicit choice, where a NetworkPolicy admits the
+    # schedulers alone (the chart's with extender.tls.enabled: false).
+    allow_plaintext: bool = False
     group: str = "gpumeter-hooks"
     # Record every decision, act on none (no annotation, no eviction, no queue change).
     dry_run: bool = False
@@ -236,6 +250,17 @@ class HooksSettings(BaseModel):
     renew_deadline_seconds: Annotated[float, Field(gt=0, le=3600)] = 10.0
     # Between attempts to acquire or renew.
     retry_period_seconds: Annotated[float, Field(gt=0, le=600)] = 2.0
+
+    @model_validator(mode="after")
+    def _plaintext_only_on_loopback(self) -> HooksSettings:
+        host = self.listen.rpartition(":")[0]
+        if self.tls_cert is None and not self.allow_plaintext and not _loopback(host):
+            raise ValueError(
+                f"hooks.listen {self.listen} without hooks.tls_cert serves every tenant's quota state "
+                "in plain HTTP to anyone who can reach it: set hooks.tls_cert, hooks.tls_key and "
+                "hooks.client_ca, or hooks.allow_plaintext: true where a NetworkPolicy admits only "
+                "the schedulers")
+        return self
 
     @model_validator(mode="after")
     def _lease_timings_ordered(self) -> HooksSettings:

@@ -79,7 +79,7 @@ from kubernetes.client import ApiClient
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
-from gpumeter.core.kube import PROTECTED_ANNOTATION, tenant_of_namespace
+from gpumeter.core.kube import NO_TENANT, PROTECTED_ANNOTATION, tenant_of_namespace
 from gpumeter.core.models import PreemptionAction, QuotaEvent
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy
@@ -557,5 +557,5 @@ class Actuator:
         node = str((raw.get("spec") or {}).get("nodeName") or "")
         # A namespace made since the list: its name is its tenant, and protection does not count.
         labels = namespaces.get(namespace)
-        tenant = tenant_of_namespace(namespace, labels)
+        tenant = tenant_of_namespace(namespace, labels) or NO_TENANT  # matches no tenant: never acted on
         return pod_view(raw, tenant, (node_labels or {}).get(node), labels)

@@ -112,6 +112,8 @@ def _kind(value: Any) -> str:
 
 # -- quantities and a pod's GPU request ------------------------------------------------------
 
+MAX_QUANTITY_CHARS = 64
+MAX_INT64 = 2**63 - 1
 _QUANTITY = re.compile(r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m|k|M|G|Ki|Mi|Gi)?$")
 _SUFFIX = {
     None: Decimal(1), "m": Decimal("0.001"), "k": Decimal(1000), "M": Decimal(10) ** 6,
@@ -120,18 +122,30 @@ _SUFFIX = {
 
 
 def gpu_amount(value: Any, where: str) -> Decimal:
-    """A ``nvidia.com/gpu`` quantity ("2", 2, "2000m") as sent, checked: exact, never negative."""
+    """A ``nvidia.com/gpu`` quantity ("2", 2, "2000m") as sent, checked: exact, never negative,
+    at most what a Go int64 holds (what the scheduler's resource.Quantity counts in).
+
+    A quantity string longer than 64 characters is refused before any arithmetic: rounding a
+    number of a million digits up to whole GPUs takes minutes in one C call holding the GIL,
+    which no worker thread could keep from freezing the event loop.
+    """
     if isinstance(value, str):
+        if len(value) > MAX_QUANTITY_CHARS:
+            raise WireError(f"{where} is not a resource quantity: {len(value):,} characters, "
+                            f"at most {MAX_QUANTITY_CHARS}")
         match = _QUANTITY.match(value.strip())
         if match is None:
             raise WireError(f"{where} is not a resource quantity: {value!r}")
         try:
-            return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-        except InvalidOperation:
+            amount = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+        except (InvalidOperation, ArithmeticError):
             raise WireError(f"{where} is not a resource quantity: {value!r}") from None
-    amount = as_number(value, where)
-    if amount < 0:
-        raise WireError(f"{where} must not be negative")
+    else:
+        amount = as_number(value, where)
+        if amount < 0:
+            raise WireError(f"{where} must not be negative")
+    if amount > MAX_INT64:
+        raise WireError(f"{where} is beyond 64 bits: no node has that many GPUs")
     return amount
 
 

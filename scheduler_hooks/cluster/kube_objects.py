@@ -65,6 +65,12 @@ def quota_message(tenant: str, metric: str, detail: str = "") -> str:
     return f"{base}: {detail}" if detail else base
 
 
+def invalid_tenant_message(namespace: str) -> str:
+    """Why a GPU pod of a namespace whose ``gpumeter.io/tenant`` label is not a tenant id is refused."""
+    return (f"gpumeter: namespace {namespace} has no valid tenant: its label {kube.TENANT_LABEL} is not a "
+            "tenant id ([a-z0-9][a-z0-9-]{0,62}); GPU pods wait until an operator fixes it")
+
+
 def parse_time(text: Any) -> datetime | None:
     """An RFC 3339 timestamp from the API (``2026-11-05T12:00:00Z``), aware; None if absent or bad."""
     if not isinstance(text, str) or not text:
@@ -366,4 +372,5 @@ def namespace_labels(namespaces: Iterable[Mapping[str, Any]]) -> dict[str, dict[
 
 def tenants_of(labels_by_namespace: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     """Namespace name -> tenant (``gpumeter.core.kube.tenant_of_namespace``), from ``namespace_labels``."""
-    return {name: kube.tenant_of_namespace(name, labels) for name, labels in labels_by_namespace.items()}
+    return {name: kube.tenant_of_namespace(name, labels) or kube.NO_TENANT
+            for name, labels in labels_by_namespace.items()}

@@ -200,7 +200,9 @@ def watched_namespace(obj: Mapping[str, Any]) -> WatchedNamespace | None:
     if not isinstance(name, str) or not name:
         return None
     labels = _labels(meta.get("labels"))
-    return WatchedNamespace(name, kube.tenant_of_namespace(name, labels), protection_allowed(labels))
+    # A label that is no tenant id: NO_TENANT, whose GPU pods the policy refuses (never folded).
+    tenant = kube.tenant_of_namespace(name, labels) or kube.NO_TENANT
+    return WatchedNamespace(name, tenant, protection_allowed(labels))
 
 
 # -- the state ---------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ class ClusterView:
     def tenant_of(self, namespace: str) -> str:
         """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
         tenant = self.namespace_tenants.get(namespace)
-        return tenant if tenant is not None else kube.tenant_of_namespace(namespace)
+        return tenant if tenant is not None else kube.tenant_of_namespace(namespace) or kube.NO_TENANT
 
     def protected(self, namespace: str, annotations: Mapping[str, str]) -> bool:
         """A pod of ``namespace`` with these annotations is protected (``is_protected``)."""

@@ -13,6 +13,9 @@ Decisions where the contracts are silent:
 - Refusal by quota comes before node fit: a refused pod gets every node unresolvable and no
   preemption; the max_gpus check refuses when ``held + requested > limit`` (reaching the
   limit exactly is allowed).
+- A namespace whose ``gpumeter.io/tenant`` label is not a tenant id belongs to no tenant: its
+  GPU pods are refused everywhere, as a blocked tenant's are, with a message naming the label
+  (contract 6 as amended by issue 31: never folded into a tenant that is one).
 - Protected: a pod annotated ``gpumeter.io/protected: "true"`` in a namespace labelled
   ``gpumeter.io/protection-allowed: "true"`` (contract 4, amendment "trust"); in any other
   namespace the annotation is a tenant's own say-so and the pod is a victim like any other.
@@ -34,7 +37,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import cast
 
-from scheduler_hooks.cluster.kube_objects import QUEUE_PREFIX, quota_message
+from gpumeter.core.kube import NO_TENANT
+from scheduler_hooks.cluster.kube_objects import QUEUE_PREFIX, invalid_tenant_message, quota_message
 
 # capacity_message (the filter's FailedNodes reason) is worded where the fit tables store it.
 from scheduler_hooks.cluster.placement import NEUTRAL_SCORE, FitTable
@@ -85,6 +89,8 @@ class Policy:
         if pod.gpus <= 0:
             return None
         tenant = self.view.tenant_of(pod.namespace)
+        if tenant == NO_TENANT:
+            return invalid_tenant_message(pod.namespace)
         metric = self.view.blocked.get(tenant)
         if metric is not None:
             return quota_message(tenant, metric)
@@ -215,7 +221,8 @@ class Policy:
 
     def job_enqueueable(self, namespace: str, gpus: int) -> int:
         """-1 (reject) for a GPU job of a blocked tenant, else 0 (abstain)."""
-        if gpus > 0 and self.view.tenant_of(namespace) in self.view.blocked:
+        tenant = self.view.tenant_of(namespace)
+        if gpus > 0 and (tenant == NO_TENANT or tenant in self.view.blocked):
             return REJECT
         return ABSTAIN
 

@@ -12,6 +12,10 @@ Go names with ``null`` where a field is unset (no omitempty upstream). Shapes ve
   NumPDBViolations}, NodeNameToMetaVictims map[string]*MetaVictims{Pods []*MetaPod{UID},
   NumPDBViolations}}; ExtenderPreemptionResult {NodeNameToMetaVictims}
 
+Each verb is a ``parse_*`` (the document to checked arguments: pure, reads no state, so the
+server may run it off the event loop for a large body) and a ``decide_*`` (the policy's answer:
+reads the state, on the loop); ``handle_*`` is the two in one.
+
 Both ``nodeCacheCapable`` modes: with ``NodeNames`` the answer carries ``NodeNames`` (``Nodes``
 null); with the full ``Nodes`` list it carries ``Nodes`` with the passing items (``NodeNames``
 null). Malformed shapes raise ``WireError``; the HTTP layer answers 400 with its reason.
@@ -151,10 +155,13 @@ def encode_host_priorities(names: list[str], scores: list[int]) -> bytes:
     return b"[" + b",".join(pieces) + b"]"
 
 
-def handle_filter(document: Any, policy: Policy) -> dict[str, Any]:
-    args = parse_extender_args(document)
+def decide_filter(args: ExtenderArgs, policy: Policy) -> dict[str, Any]:
     # node_names repeats a name only when NodeNames alone did: filter_result wants them kept.
     return filter_result(args, policy.filter(args.pod, args.node_names, distinct=False))
+
+
+def handle_filter(document: Any, policy: Policy) -> dict[str, Any]:
+    return decide_filter(parse_extender_args(document), policy)
 
 
 def handle_prioritize(document: Any, policy: Policy) -> list[dict[str, Any]]:
@@ -163,9 +170,12 @@ def handle_prioritize(document: Any, policy: Policy) -> list[dict[str, Any]]:
 
 
 def handle_prioritize_encoded(document: Any, policy: Policy) -> bytes:
+    return decide_prioritize_encoded(parse_extender_args(document), policy)
+
+
+def decide_prioritize_encoded(args: ExtenderArgs, policy: Policy) -> bytes:
     """``handle_prioritize`` already JSON-encoded: the server's path, the same bytes joined from
     the fit table's host pieces (one C-level lookup per name, no dict per node)."""
-    args = parse_extender_args(document)
     table = policy.fit_table(args.pod)
     names = list(dict.fromkeys(args.node_names))
     if table is None:  # no GPUs asked, or refused: 0 everywhere
@@ -235,6 +245,9 @@ def preemption_result(args: PreemptionArgs, kept: Mapping[str, list[str]]) -> di
     }
 
 
-def handle_preempt(document: Any, policy: Policy) -> dict[str, Any]:
-    args = parse_preemption_args(document)
+def decide_preempt(args: PreemptionArgs, policy: Policy) -> dict[str, Any]:
     return preemption_result(args, policy.preempt(args.pod, args.victims, args.observed))
+
+
+def handle_preempt(document: Any, policy: Policy) -> dict[str, Any]:
+    return decide_preempt(parse_preemption_args(document), policy)

@@ -22,11 +22,13 @@ whatever the code; a message with code 0 is turned into code 1 (Error), so a pas
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from gpumeter.core.kube import GPU_RESOURCE
 from scheduler_hooks.cluster.kube_json import (
+    MAX_INT64,
     WireError,
     as_int,
     as_list,
@@ -53,6 +55,8 @@ def resource_gpus(value: Any, where: str) -> int | None:
     milli = as_number(scalars.get(GPU_RESOURCE), field, default=Decimal(0))
     if milli < 0:
         raise WireError(f"{field} must not be negative")
+    if milli > MAX_INT64:  # Volcano's Resource holds float64s, but no node has that many GPUs
+        raise WireError(f"{field} is beyond 64 bits: no node has that many GPUs")
     return math.ceil(milli / MILLI_PER_GPU)
 
 
@@ -134,22 +138,41 @@ def _required(envelope: dict[str, Any], key: str, verb: str) -> Any:
     return value
 
 
-def handle_predicate(document: Any, policy: Policy) -> dict[str, Any]:
+# Each verb: ``parse_*`` checks the document (pure, reads no state: the server may run it off
+# the event loop), ``decide_*`` answers from the policy (on the loop); ``handle_*`` is both.
+
+
+def parse_predicate(document: Any) -> tuple[PodRequest, str]:
     request = _envelope(document, "predicate")
     task = task_request(_required(request, "task", "predicate"))
-    code, message = policy.predicate(task, node_name(_required(request, "node", "predicate")))
+    return task, node_name(_required(request, "node", "predicate"))
+
+
+def decide_predicate(args: tuple[PodRequest, str], policy: Policy) -> dict[str, Any]:
+    code, message = policy.predicate(*args)
     return {"status": message, "code": code}
 
 
-def handle_prioritize(document: Any, policy: Policy) -> dict[str, Any]:
+def parse_prioritize(document: Any) -> tuple[PodRequest, list[str]]:
     request = _envelope(document, "prioritize")
     task = task_request(_required(request, "task", "prioritize"))
     nodes = as_list(get(request, "nodes"), "nodes", optional=True)
-    names = [node_name(node, f"nodes[{i}]") for i, node in enumerate(nodes)]
+    return task, [node_name(node, f"nodes[{i}]") for i, node in enumerate(nodes)]
+
+
+def decide_prioritize(args: tuple[PodRequest, list[str]], policy: Policy) -> dict[str, Any]:
+    task, names = args
     return {"nodeScore": policy.node_scores(task, names, SCORE_SCALE), "errorMessage": ""}
 
 
-def _evictions(document: Any, policy: Policy, verb: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Evictions:
+    evictor: PodRequest
+    victims: list[Victim]
+    by_uid: dict[str, Any]  # each evictee's JSON as sent, echoed back when chosen
+
+
+def _parse_evictions(document: Any, verb: str) -> Evictions:
     request = _envelope(document, verb)
     evictor = task_request(_required(request, "evictor", verb), "evictor")
     raw = as_list(get(request, "evictees"), "evictees", optional=True)
@@ -161,32 +184,74 @@ def _evictions(document: Any, policy: Policy, verb: str) -> dict[str, Any]:
             raise WireError(f"evictees[{i}].UID is missing")
         by_uid[evictee.uid] = item
         victims.append(Victim(evictee.uid, evictee))
-    chosen = policy.volcano_victims(evictor, victims)
-    return {"status": PERMIT, "victims": [by_uid[victim.uid] for victim in chosen]}
+    return Evictions(evictor, victims, by_uid)
+
+
+def parse_preemptable(document: Any) -> Evictions:
+    return _parse_evictions(document, "preemptable")
+
+
+def parse_reclaimable(document: Any) -> Evictions:
+    return _parse_evictions(document, "reclaimable")
+
+
+def decide_evictions(args: Evictions, policy: Policy) -> dict[str, Any]:
+    chosen = policy.volcano_victims(args.evictor, args.victims)
+    return {"status": PERMIT, "victims": [args.by_uid[victim.uid] for victim in chosen]}
+
+
+def parse_queue_overused(document: Any) -> str:
+    request = _envelope(document, "queueOverused")
+    return queue_name(_required(request, "queue", "queueOverused"))
+
+
+def decide_queue_overused(queue: str, policy: Policy) -> dict[str, Any]:
+    return {"overused": policy.queue_overused(queue)}
+
+
+def parse_job_enqueueable(document: Any) -> tuple[str, int]:
+    request = _envelope(document, "jobEnqueueable")
+    return job_request(_required(request, "job", "jobEnqueueable"))
+
+
+def decide_job_enqueueable(args: tuple[str, int], policy: Policy) -> dict[str, Any]:
+    return {"status": policy.job_enqueueable(*args)}
+
+
+def parse_job_ready(document: Any) -> None:
+    request = _envelope(document, "jobReady")
+    job_request(_required(request, "job", "jobReady"))
+
+
+def decide_job_ready(args: None, policy: Policy) -> dict[str, Any]:
+    """No opinion on gang readiness: always true (quota is enforced by predicate and enqueue)."""
+    return {"status": True}
+
+
+def handle_predicate(document: Any, policy: Policy) -> dict[str, Any]:
+    return decide_predicate(parse_predicate(document), policy)
+
+
+def handle_prioritize(document: Any, policy: Policy) -> dict[str, Any]:
+    return decide_prioritize(parse_prioritize(document), policy)
 
 
 def handle_preemptable(document: Any, policy: Policy) -> dict[str, Any]:
-    return _evictions(document, policy, "preemptable")
+    return decide_evictions(parse_preemptable(document), policy)
 
 
 def handle_reclaimable(document: Any, policy: Policy) -> dict[str, Any]:
-    return _evictions(document, policy, "reclaimable")
+    return decide_evictions(parse_reclaimable(document), policy)
 
 
 def handle_queue_overused(document: Any, policy: Policy) -> dict[str, Any]:
-    request = _envelope(document, "queueOverused")
-    return {"overused": policy.queue_overused(queue_name(_required(request, "queue", "queueOverused")))}
+    return decide_queue_overused(parse_queue_overused(document), policy)
 
 
 def handle_job_enqueueable(document: Any, policy: Policy) -> dict[str, Any]:
-    request = _envelope(document, "jobEnqueueable")
-    namespace, gpus = job_request(_required(request, "job", "jobEnqueueable"))
-    return {"status": policy.job_enqueueable(namespace, gpus)}
+    return decide_job_enqueueable(parse_job_enqueueable(document), policy)
 
 
 def handle_job_ready(document: Any, policy: Policy) -> dict[str, Any]:
-    """No opinion on gang readiness: always true (quota is enforced by predicate and enqueue)."""
-    request = _envelope(document, "jobReady")
-    job_request(_required(request, "job", "jobReady"))
-    return {"status": True}
-
+    parse_job_ready(document)
+    return decide_job_ready(None, policy)

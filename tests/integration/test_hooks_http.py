@@ -8,6 +8,7 @@ scheduler_hooks.cluster.placement / policy, not read back from the code.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import ssl
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from quota.periods import period_key
-from scheduler_hooks.cluster.state import WatchedNode, WatchedPod
+from scheduler_hooks.cluster.state import WatchedNode, WatchedPod, watched_namespace
 from scheduler_hooks.extender.server import MAX_BODY_BYTES, server_ssl_context
 from testkit.live_hooks import LiveHooks
 
@@ -197,6 +198,33 @@ def test_filter_refuses_a_pod_that_would_exceed_max_gpus(hooks: LiveHooks) -> No
     assert answer["NodeNames"] == ["h100-b"]
 
 
+@pytest.mark.security
+def test_a_namespace_whose_tenant_label_is_no_tenant_id_is_refused_never_folded(hooks: LiveHooks) -> None:
+    """Issue 31, point 7: ``TEAM_B`` and ``Team.B`` were folded into ``team-b``: a namespace labelled
+    either way got team-b's quota, and team-b's block or max_gpus did not stop it in the same way.
+    Now each is no tenant: its GPU pods are refused naming the label, its CPU pods pass."""
+
+    def labelled(name: str, value: str) -> None:
+        watched = watched_namespace({"metadata": {"name": name, "labels": {"gpumeter.io/tenant": value}}})
+        assert watched is not None
+        hooks.state.upsert_watched_namespace(watched)
+
+    for name, value in (("shouting", "TEAM_B"), ("dotted", "Team.B"), ("proper", "team-b")):
+        hooks.call(functools.partial(labelled, name, value))
+    for namespace in ("shouting", "dotted"):
+        status, answer = hooks.post_json("/kube/filter", {"Pod": pod(namespace), "NodeNames": ["h100-b"]})
+        assert status == 200 and answer["NodeNames"] == []
+        message = answer["FailedAndUnresolvableNodes"]["h100-b"]
+        assert message.startswith(f"gpumeter: namespace {namespace} has no valid tenant") and \
+            "gpumeter.io/tenant" in message
+        cpu_only = {"Pod": pod(namespace, gpus=0), "NodeNames": ["h100-b"]}
+        assert hooks.post_json("/kube/filter", cpu_only)[1]["NodeNames"] == ["h100-b"]  # nothing to refuse
+        job = {"UID": "j", "Namespace": namespace, "TotalRequest": {"ScalarResources": {GPU: 1000}}}
+        assert hooks.post_json("/volcano/jobEnqueueable", {"job": job}) == (200, {"status": -1})
+    status, answer = hooks.post_json("/kube/filter", {"Pod": pod("proper"), "NodeNames": ["h100-b"]})
+    assert answer["NodeNames"] == ["h100-b"]
+
+
 def test_filter_counts_a_pod_bound_since_the_agents_last_record(hooks: LiveHooks) -> None:
     # h100-b's record says 8 free; a 6-GPU pod bound there since leaves 2 for a 4-GPU pod.
     hooks.call(lambda: hooks.state.upsert_pod(WatchedPod("big", "team-a", "big", "h100-b", 6)))
@@ -223,6 +251,7 @@ def test_prioritize_prefers_a_free_nvlink_pair(hooks: LiveHooks) -> None:
     ]
 
 
+@pytest.mark.security
 def test_preempt_keeps_only_spot_victims_and_never_a_protected_pod(hooks: LiveHooks) -> None:
     status, answer = hooks.post_json(
         "/kube/preempt",
@@ -497,6 +526,7 @@ def fuzz_hooks() -> Iterator[LiveHooks]:
     live.stop()
 
 
+@pytest.mark.security
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(route=st.sampled_from(sorted(VALID)), choice=st.integers(0, 10_000), value=json_values)
 def test_any_json_in_any_field_is_answered_200_or_400(
@@ -513,13 +543,19 @@ def test_any_json_in_any_field_is_answered_200_or_400(
 
 # Numbers and shapes a JSON parser takes but the wire's Go types cannot hold: integers past 64
 # bits (and past Python's 4,300-digit conversion limit), exponents past float64, deep nesting.
+# And the same as strings, where a field is a resource quantity ("2", "2000m"): a quantity of a
+# million digits once took minutes to round up to whole GPUs, or overflowed into a 500.
+HUGE_QUANTITIES = ['"' + "9" * 100_000 + '"', '"' + "9" * 1_000_001 + '"', '"9' + "9" * 30 + 'Gi"',
+                   '"' + "9" * 19 + '"', '"0.' + "1" * 5_000 + '"']
 RAW_NUMBERS = st.sampled_from([
     "9" * 20, "-" + "9" * 20, "9" * 400, "9" * 4_301, "9" * 6_000, "1e400", "-1e400", "1e-400",
     "1.5E+999999", "0." + "1" * 2_000, "12345678901234567890123456789.5", "[" * 3_000 + "]" * 3_000,
+    "1e300", *HUGE_QUANTITIES,
 ])
 _RAW = "__raw_json__"
 
 
+@pytest.mark.security
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(route=st.sampled_from(sorted(VALID)), choice=st.integers(0, 10_000), raw=RAW_NUMBERS)
 def test_huge_numbers_and_deep_nesting_in_any_field_are_answered_200_or_400(
@@ -533,6 +569,39 @@ def test_huge_numbers_and_deep_nesting_in_any_field_are_answered_200_or_400(
     assert status in (200, 400), (route, paths[choice % len(paths)], raw[:40], answer[:300])
     if status == 400:
         assert isinstance(json.loads(answer)["error"], str)
+
+
+# Every place a GPU quantity is read from a request, with each huge quantity: always answered,
+# a quantity beyond 64 bits (or past 64 characters) is a 400 naming the field.
+QUANTITY_PATHS = [
+    ("/kube/filter", ("Pod", "spec", "containers", 0, "resources", "limits", GPU)),
+    ("/kube/filter", ("Pod", "spec", "containers", 0, "resources", "requests", GPU)),
+    ("/kube/preempt", ("NodeNameToVictims", "od-1", "Pods", 0, "spec", "containers", 0, "resources",
+                       "limits", GPU)),
+    ("/volcano/predicate", ("task", "Pod", "spec", "containers", 0, "resources", "limits", GPU)),
+    ("/volcano/jobEnqueueable", ("job", "PodGroup", "Spec", "MinResources", GPU)),
+]
+HUGE = ["9" * 100_000, "9" * 1_000_001, "9" * 30 + "Gi", "1" + "0" * 19]
+# Quantity strings where the wire has v1 quantities; JSON numbers in a Volcano Resource.
+QUANTITY_CASES = [(route, path, json.dumps(raw)) for route, path in QUANTITY_PATHS for raw in HUGE] + [
+    ("/volcano/prioritize", ("task", "Resreq", "ScalarResources", GPU), raw)
+    for raw in ("1" + "0" * 19, "1e300")
+]
+
+
+@pytest.mark.parametrize(("route", "path", "value"), QUANTITY_CASES,
+                         ids=[f"{route}-{path[-2]}-{len(value)}" for route, path, value in QUANTITY_CASES])
+def test_a_gpu_quantity_beyond_64_bits_is_400_naming_the_field(
+    fuzz_hooks: LiveHooks, route: str, path: tuple[Any, ...], value: str
+) -> None:
+    """Issue 31, point 6: "9" * 1,000,001 answered 500 (decimal.Overflow) and "9" * 100,000
+    held the loop for a second (rounding it up to whole GPUs); "9" * 999,990 for minutes."""
+    document = _replaced(VALID[route], path, _RAW)
+    body = json.dumps(document).replace(json.dumps(_RAW), value).encode()
+    status, answer = fuzz_hooks.request("POST", route, body)
+    assert status == 400, answer[:300]
+    reason = json.loads(answer)["error"]
+    assert GPU in reason and str(path[-2]) in reason, reason
 
 
 # -- TLS -------------------------------------------------------------------------------------
@@ -635,6 +704,7 @@ def _tls_hooks(pki: dict[str, tuple[Path, Path]], require_client: bool) -> LiveH
     return live
 
 
+@pytest.mark.security
 def test_tls_without_client_ca_serves_any_client(pki: dict[str, tuple[Path, Path]]) -> None:
     live = _tls_hooks(pki, require_client=False)
     try:
@@ -647,6 +717,7 @@ def test_tls_without_client_ca_serves_any_client(pki: dict[str, tuple[Path, Path
         live.stop()
 
 
+@pytest.mark.security
 def test_tls_with_client_ca_requires_a_client_certificate_from_it(pki: dict[str, tuple[Path, Path]]) -> None:
     live = _tls_hooks(pki, require_client=True)
     try:

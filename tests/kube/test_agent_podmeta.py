@@ -78,7 +78,7 @@ def test_watches_this_nodes_pods_with_tenant_and_capacity(
     api: k8s.ApiClient, kube_namespace: str, node: str
 ) -> None:
     core = k8s.CoreV1Api(api)
-    core.patch_namespace(kube_namespace, {"metadata": {"labels": {"gpumeter.io/tenant": "Acme_Corp"}}})
+    core.patch_namespace(kube_namespace, {"metadata": {"labels": {"gpumeter.io/tenant": "acme-corp"}}})
     core.create_namespaced_persistent_volume_claim(
         kube_namespace,
         k8s.V1PersistentVolumeClaim(
@@ -121,6 +121,12 @@ def test_watches_this_nodes_pods_with_tenant_and_capacity(
         eventually(
             lambda: {p.tenant for p in metadata.pods() if p.namespace == kube_namespace} == {"team-z"},
             "the namespace relabel",
+        )
+        # A label value that is no tenant id is no tenant (never folded into team-z).
+        core.patch_namespace(kube_namespace, {"metadata": {"labels": {"gpumeter.io/tenant": "Team_Z"}}})
+        eventually(
+            lambda: {p.tenant for p in metadata.pods() if p.namespace == kube_namespace} == {None},
+            "the relabel to a value that is no tenant id",
         )
     finally:
         metadata.stop()

@@ -33,6 +33,7 @@ import yaml
 from kubernetes import client as k8s
 
 from gpumeter.app import schema
+from gpumeter.core.config_files import ConfigError
 from gpumeter.core.kafka_acls import role_acls
 from gpumeter.core.settings import KafkaSettings, Settings, load_settings
 from gpumeter.infra import clickhouse, kafka
@@ -180,6 +181,36 @@ def test_every_workload_loads_its_rendered_settings(values: tuple[Path, ...], tm
         load_settings(path, env=env)
 
 
+@pytest.mark.parametrize(
+    ("sets", "ca", "insecure"),
+    [
+        pytest.param({}, None, False, id="default-verifies-with-the-cluster-ca"),
+        pytest.param({"agent.kubeletCAConfigMap": "kubelet-ca"}, Path("/etc/gpumeter/kubelet-ca/ca.crt"),
+                     False, id="a-named-ca"),
+        pytest.param({"agent.kubeletInsecureTLS": True}, None, True, id="insecure-only-when-asked"),
+    ],
+)
+def test_the_agent_verifies_the_kubelet_unless_told_not_to(
+    sets: dict[str, str | bool], ca: Path | None, insecure: bool
+) -> None:
+    """Issue 31, point 4: the chart used to turn kubelet TLS verification off by default."""
+    from collectors.agent.collector import AgentConfig
+
+    docs = render("gpumeter", "gpumeter-system", sets=sets)
+    spec = pod_spec(find(docs, "DaemonSet", "gpumeter-agent"))
+    (container,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = AgentConfig.from_env({**env, "NODE_IP": "10.0.0.7"})
+    assert (config.kubelet_ca, config.kubelet_insecure_tls) == (ca, insecure)
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    if ca is not None:
+        assert mounts[str(ca.parent)] == "kubelet-ca"
+        assert volumes["kubelet-ca"]["configMap"]["name"] == sets["agent.kubeletCAConfigMap"]
+    else:
+        assert "kubelet-ca" not in volumes
+
+
 def test_the_documented_kafka_acls_are_the_roles_acls_of_the_code() -> None:
     """values.yaml's kafka.acls (for the platform's ACL tooling) say what gpumeter/core/kafka_acls.py
     grants each role the chart runs, under the default settings."""
@@ -236,6 +267,32 @@ def test_more_workers_than_sample_partitions_is_refused() -> None:
                    "--set", "kafka.partitions.samples=6")
     assert refused.returncode != 0
     assert "worker.replicas (7) must not exceed kafka.partitions.samples (6)" in refused.stderr
+
+
+def test_a_plain_http_extender_is_rendered_only_behind_a_network_policy_naming_its_clients(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, point 7: with extender.tls.enabled: false (Volcano cannot present a client
+    certificate) any pod could read every tenant's quota state through the Volcano verbs."""
+    plain = ("--set", "extender.tls.enabled=false")
+    refused = helm("template", "gpumeter", CHART, *plain, "--set", "networkPolicy.enabled=false")
+    assert refused.returncode != 0 and "needs networkPolicy.enabled: true" in refused.stderr
+    refused = helm("template", "gpumeter", CHART, *plain, "--set", "extender.allowedClients=null")
+    assert refused.returncode != 0 and "needs extender.allowedClients" in refused.stderr
+
+    docs = render("gpumeter", "gpumeter-system", sets={"extender.tls.enabled": False})
+    spec = pod_spec(find(docs, "Deployment", "gpumeter-extender"))
+    (container,) = spec["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]
+           if e["name"].startswith("GPUMETER_HOOKS_") and "value" in e}
+    assert "GPUMETER_HOOKS_TLS_CERT" not in env
+    assert load_settings(None, env=env).hooks.allow_plaintext  # would refuse 0.0.0.0 without it
+    without = {k: v for k, v in env.items() if k != "GPUMETER_HOOKS_ALLOW_PLAINTEXT"}
+    with pytest.raises(ConfigError, match=r"hooks\.allow_plaintext"):
+        load_settings(None, env=without)
+    (rule,) = find(docs, "NetworkPolicy", "gpumeter-extender")["spec"]["ingress"]
+    assert rule["from"] and rule["from"] == yaml.safe_load((CHART / "values.yaml").read_text())["extender"][
+        "allowedClients"]
 
 
 def test_sasl_without_a_role_secret_is_refused() -> None:

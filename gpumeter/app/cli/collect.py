@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpumeter.app.cli.arguments import positive_number
-from gpumeter.app.cli.errors import Failure
+from gpumeter.app.cli.errors import Failure, UsageError
 from gpumeter.core.settings import Settings
 
 
@@ -20,12 +20,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.source == "nvml":
         from collectors.agent.collector import AgentConfig, run_agent
+        from collectors.agent.kubelet_stats import KubeletCAError
         from collectors.agent.nvml_source import NvmlUnavailable
 
         try:
             cycles = run_agent(settings, "nvml", config=AgentConfig.from_env())
         except NvmlUnavailable as exc:
             raise Failure(f"NVML is not available on this node: {exc}") from None
+        except KubeletCAError as exc:  # a setting naming a CA file that cannot be read
+            raise UsageError(str(exc)) from None
         print(f"agent stopped after {cycles} collection cycles")
         return 0
     from collectors.sim.runner import run_simulated

@@ -92,7 +92,8 @@ async def serve(settings: Settings, *, dry_run: bool, role: Role = "all",
         if extender:
             readiness, registry = await _start_extender(settings, tenants, api, stop, running,
                                                         dry_run=dry_run and actuator)
-            registry.register(KafkaErrorsCollector(kafka_errors, "gpumeter_hooks"))
+            if registry is not None:
+                registry.register(KafkaErrorsCollector(kafka_errors, "gpumeter_hooks"))
             main.append(readiness)
         if actuator:
             main.append(asyncio.create_task(_actuate(settings, api, stop, dry_run=dry_run, registry=registry),

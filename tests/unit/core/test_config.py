@@ -666,3 +666,27 @@ def test_lease_settings_out_of_order_are_refused(env, words):
     with pytest.raises(ConfigError) as caught:
         load_settings(env=env)
     assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        pytest.param({}, False, id="default-loopback"),
+        pytest.param({"GPUMETER_HOOKS_LISTEN": "localhost:8790"}, False, id="localhost"),
+        pytest.param({"GPUMETER_HOOKS_LISTEN": "127.0.0.2:8790"}, False, id="loopback-net"),
+        pytest.param({"GPUMETER_HOOKS_LISTEN": "0.0.0.0:8790"}, True, id="all-addresses-plaintext"),
+        pytest.param({"GPUMETER_HOOKS_LISTEN": "hooks.example:8790"}, True, id="a-name-plaintext"),
+        pytest.param({"GPUMETER_HOOKS_LISTEN": "0.0.0.0:8790", "GPUMETER_HOOKS_ALLOW_PLAINTEXT": "true"},
+                     False, id="plaintext-by-explicit-choice"),
+        pytest.param({"GPUMETER_HOOKS_LISTEN": "0.0.0.0:8790", "GPUMETER_HOOKS_TLS_CERT": "/tls/tls.crt",
+                      "GPUMETER_HOOKS_TLS_KEY": "/tls/tls.key"}, False, id="tls"),
+    ],
+)
+def test_hooks_serve_plain_http_beyond_loopback_only_by_explicit_choice(env, refused):
+    """Issue 31, point 7: in plaintext mode any pod could read every tenant's quota state."""
+    if refused:
+        with pytest.raises(ConfigError) as caught:
+            load_settings(env=env)
+        assert "hooks.allow_plaintext" in str(caught.value) and "hooks.tls_cert" in str(caught.value)
+    else:
+        assert load_settings(env=env).hooks.listen == env.get("GPUMETER_HOOKS_LISTEN", "127.0.0.1:8790")

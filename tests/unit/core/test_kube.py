@@ -17,7 +17,7 @@ from gpumeter.core.kube import (
     declared_capacity_type,
     effective_requests,
     gpu_request,
-    normalize_tenant,
+    invalid_tenant_label,
     parse_quantity,
     schedulable_units,
     tenant_of_namespace,
@@ -67,9 +67,17 @@ def test_parse_quantity_refuses(bad: Any) -> None:
 # -- tenant -------------------------------------------------------------------------------------
 
 
-@given(st.text(max_size=300))
-def test_normalized_tenant_always_matches_the_contract(text: str) -> None:
-    assert re.fullmatch(TENANT_PATTERN.strip("^$"), normalize_tenant(text))
+@given(st.text(max_size=300), st.text(max_size=70))
+def test_a_tenant_is_the_label_or_the_name_as_written_or_none(text: str, name: str) -> None:
+    """Never folded: a value that is not a tenant id is no tenant (None), whatever it resembles."""
+    tenant = tenant_of_namespace("ns", {"gpumeter.io/tenant": text})
+    if text == "":
+        assert tenant == "ns"
+    elif re.fullmatch(TENANT_PATTERN.strip("^$"), text):
+        assert tenant == text
+    else:
+        assert tenant is None and invalid_tenant_label({"gpumeter.io/tenant": text}) == text
+    assert tenant_of_namespace(name) in (name, None)
 
 
 @pytest.mark.parametrize(
@@ -78,15 +86,24 @@ def test_normalized_tenant_always_matches_the_contract(text: str) -> None:
         pytest.param("ml-research", None, "ml-research", id="no-labels-the-name"),
         pytest.param("ml-research", {"team": "x"}, "ml-research", id="other-labels-the-name"),
         pytest.param("ml-research", {"gpumeter.io/tenant": "team-a"}, "team-a", id="label-wins"),
-        pytest.param("ns", {"gpumeter.io/tenant": "Team_A"}, "team-a", id="label-folded"),
-        pytest.param("ns", {"gpumeter.io/tenant": "--Data Science!!"}, "data-science", id="label-trimmed"),
+        pytest.param("ns", {"gpumeter.io/tenant": "Team_A"}, None, id="upper-and-underscore-no-tenant"),
+        pytest.param("ns", {"gpumeter.io/tenant": "Team.B"}, None, id="a-dot-no-tenant"),
+        pytest.param("ns", {"gpumeter.io/tenant": "--Data Science!!"}, None, id="punctuation-no-tenant"),
         pytest.param("ns", {"gpumeter.io/tenant": ""}, "ns", id="empty-label-the-name"),
-        pytest.param("ns", {"gpumeter.io/tenant": "  "}, "unknown", id="blank-label-folds-to-unknown"),
-        pytest.param("ns", {"gpumeter.io/tenant": "a" * 70}, "a" * 63, id="long-label-cut"),
+        pytest.param("ns", {"gpumeter.io/tenant": "  "}, None, id="blank-label-no-tenant"),
+        pytest.param("ns", {"gpumeter.io/tenant": "a" * 63}, "a" * 63, id="63-characters"),
+        pytest.param("ns", {"gpumeter.io/tenant": "a" * 64}, None, id="64-characters-no-tenant"),
     ],
 )
-def test_tenant_of_namespace(name: str, labels: dict[str, str] | None, expected: str) -> None:
+def test_tenant_of_namespace(name: str, labels: dict[str, str] | None, expected: str | None) -> None:
     assert tenant_of_namespace(name, labels) == expected
+
+
+def test_team_b_written_two_ways_is_never_team_b() -> None:
+    """Issue 31, point 7: ``TEAM_B`` and ``Team.B`` were both folded into ``team-b``."""
+    tenants = {tenant_of_namespace(ns, {"gpumeter.io/tenant": label})
+               for ns, label in (("a", "TEAM_B"), ("b", "Team.B"), ("c", "team-b"))}
+    assert tenants == {None, "team-b"}
 
 
 # -- capacity type ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from collectors.agent.podmeta import pod_info
+from gpumeter.core.kube import NO_TENANT
 from scheduler_hooks.cluster.kube_objects import namespace_labels, node_view, pod_view, tenants_of
 from scheduler_hooks.cluster.state import HooksState, watched_namespace, watched_node, watched_pod
 from scheduler_hooks.extender.wire_kube import pod_request
@@ -63,19 +64,22 @@ def test_the_explicit_capacity_label_wins_over_a_cloud_spot_label_everywhere() -
     [
         pytest.param("ml-research", {}, "ml-research", id="name"),
         pytest.param("ml-research", {"gpumeter.io/tenant": "team-a"}, "team-a", id="label"),
-        pytest.param("ns-1", {"gpumeter.io/tenant": "Team_A.Prod"}, "team-a-prod", id="label-folded"),
-        pytest.param("ns-1", {"gpumeter.io/tenant": "  "}, "unknown", id="blank-label-as-the-agent-bills-it"),
+        # Not a tenant id: no tenant anywhere (never folded into team-a-prod): the agent bills
+        # no one (None), the hooks keep NO_TENANT, which matches no tenant's quota or pods.
+        pytest.param("ns-1", {"gpumeter.io/tenant": "Team_A.Prod"}, None, id="label-not-folded"),
+        pytest.param("ns-1", {"gpumeter.io/tenant": "  "}, None, id="blank-label-no-tenant"),
     ],
 )
 def test_the_tenant_of_a_namespace_is_the_agents_everywhere(
-    name: str, labels: dict[str, str], tenant: str
+    name: str, labels: dict[str, str], tenant: str | None
 ) -> None:
     namespace = {"metadata": {"name": name, "labels": labels}}
     pod = {"metadata": {"namespace": name, "name": "p", "uid": "u-1"}, "spec": {}}
     assert pod_info(pod, labels).tenant == tenant  # agent
+    hooks_tenant = NO_TENANT if tenant is None else tenant
     watched = watched_namespace(namespace)
-    assert watched is not None and (watched.name, watched.tenant) == (name, tenant)  # extender
-    assert tenants_of(namespace_labels([namespace])) == {name: tenant}  # actuator
+    assert watched is not None and (watched.name, watched.tenant) == (name, hooks_tenant)  # extender
+    assert tenants_of(namespace_labels([namespace])) == {name: hooks_tenant}  # actuator
 
 
 @pytest.mark.parametrize(

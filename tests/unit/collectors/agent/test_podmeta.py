@@ -20,8 +20,9 @@ pytestmark = pytest.mark.agent
 
 def test_tenant_from_namespace_label_else_namespace() -> None:
     p = pod("ml-research", "a", "u1")
-    assert pod_info(p, {"gpumeter.io/tenant": "Team_A"}).tenant == "team-a"
+    assert pod_info(p, {"gpumeter.io/tenant": "team-a"}).tenant == "team-a"
     assert pod_info(p, {}).tenant == "ml-research"
+    assert pod_info(p, {"gpumeter.io/tenant": "Team_A"}).tenant is None  # no tenant id: never folded
 
 
 def test_capacity_type_node_label_wins_over_pod() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
+from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION, NO_TENANT
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy
 from scheduler_hooks.actuator.backoff import backoff_seconds
@@ -186,13 +186,13 @@ def names(pods: Any) -> list[str]:
         ),
         pytest.param(
             {"metadata": {"name": "ns-1", "labels": {"gpumeter.io/tenant": "Team_A.Prod"}}},
-            "team-a-prod",
-            id="label-normalised-like-the-agent",
+            NO_TENANT,
+            id="label-no-tenant-id-is-no-tenant",
         ),
         pytest.param(
             {"metadata": {"name": "ns-1", "labels": {"gpumeter.io/tenant": "  "}}},
-            "unknown",
-            id="blank-label-folds-as-the-agent-bills-it",
+            NO_TENANT,
+            id="blank-label-is-no-tenant",
         ),
     ],
 )

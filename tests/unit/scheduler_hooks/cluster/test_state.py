@@ -265,8 +265,12 @@ def test_watched_node_and_namespace_tenant() -> None:
         {"metadata": {"name": "n"}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
     ) == WatchedNode("n", None, 8)
     assert watched_node({"metadata": {"name": "n"}, "status": {"capacity": {"cpu": "8"}}}) == WatchedNode("n")
-    assert watched_namespace({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "Team_A"}}}) == (
+    assert watched_namespace({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "team-a"}}}) == (
         WatchedNamespace("ns", "team-a")
+    )
+    # Not a tenant id: no tenant (NO_TENANT, ""), never folded into team-a.
+    assert watched_namespace({"metadata": {"name": "ns", "labels": {"gpumeter.io/tenant": "Team_A"}}}) == (
+        WatchedNamespace("ns", "")
     )
     assert watched_namespace({"metadata": {"name": "ns"}}) == WatchedNamespace("ns", "ns")
     allowed = {"metadata": {"name": "ns", "labels": {"gpumeter.io/protection-allowed": "true"}}}
