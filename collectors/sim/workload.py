@@ -89,6 +89,7 @@ class Job:
     started: int = 0  # seconds since the fleet's start
     end_window: int = 0  # the window in which the pod ends
     sampler: PodSampler | None = None
+    idle: bool = False  # holds its GPUs and computes nothing (utilization 0): what idle advice finds
 
     @property
     def finished(self) -> int:
