@@ -34,6 +34,7 @@ DEMO_DATABASE = "demo"
 MAX_IN_FLIGHT = 30_000  # published but not yet stored: the fleet waits beyond this
 # A malformed sample and a duplicate every this many windows: dead letters and dedup at work.
 BAD_INPUT_EVERY = 25
+WINDOW_SECONDS = 600  # the fleet's window
 # Pacing for enforcement: the fleet steps on only while the rated samples stored reach within
 # this many windows of its clock (the quota stage reads the same rated topic as the sink).
 LAG_WINDOWS = 36
@@ -121,7 +122,7 @@ def run_demo(settings: Settings, wall_seconds: float, out_dir: Path) -> int:
     # Every model, MIG on A100 and H100, time-sliced L4s; spot reclaims and agent outages
     # (backfilled) a little more often than the defaults, so a short run shows them.
     fleet = SimulatedFleet(FleetConfig(
-        seed=7, window_seconds=600,
+        seed=7, window_seconds=WINDOW_SECONDS,
         nodes={"H100-SXM-80GB": 10, "H200-SXM-141GB": 2, "B200-SXM-180GB": 2, "A100-SXM-40GB": 4,
                "L40S-48GB": 3, "L4-24GB": 3},
         time_sliced_nodes={"L4-24GB": 2},
@@ -214,6 +215,20 @@ def enforcement_summary(enforcement: Any) -> dict[str, Any]:
     }
 
 
+def demo_enforcement(settings: Settings, client: Any, stats: DemoStats) -> list[Any]:
+    """The report's enforcement section, with the refusals the fleet's scheduler got."""
+    from datetime import timedelta
+
+    from dashboards.enforcement_report import Mark, enforcement_series
+    from gpumeter.core.tenants import load_tenants
+
+    refusals = [(r["tenant"], Mark(datetime.fromisoformat(r["at"]), "refusal", r["message"]))
+                for r in stats.enforcement.get("refusals", ())]
+    window = timedelta(seconds=WINDOW_SECONDS)
+    return enforcement_series(client, load_tenants(settings.tenants), refusals, window,
+                              window * STATED_LAG_WINDOWS)
+
+
 def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, out_dir: Path,
            console: Console) -> int:
     from dashboards.finance_report import daily_spend, write_report
@@ -259,7 +274,8 @@ def finish(settings: Settings, client: Any, stats: DemoStats, elapsed: float, ou
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     # Idle GPUs and forecasts: advice events and tables like `gpumeter insights`, and report sections.
     insights = run_for_report(settings, client)
-    report = write_report(out_dir, daily_spend(client), documents, generated, insights)
+    report = write_report(out_dir, daily_spend(client), documents, generated, insights,
+                          demo_enforcement(settings, client, stats))
     console.print(
         f"stored {stats.stored:,} rated samples in {elapsed:.0f} s ({summary['stored_per_second']:,}/s), "
         f"{stats.dead} dead letters, {summary['duplicates_dropped']} duplicates dropped "
