@@ -275,6 +275,8 @@ class Scheduler:
                 return False
             passed = set(self.admit(job, [node.name for node in fitting]))
             nodes = [node for node in fitting if node.name in passed]
+            if not nodes:
+                self.dirty = True  # asked again at the next pass, as kube-scheduler retries
         for node in nodes:
             placed = self._devices_on(node, job)
             if placed is not None:

@@ -37,7 +37,7 @@ BAD_INPUT_EVERY = 25
 WINDOW_SECONDS = 600  # the fleet's window
 # Pacing for enforcement: the fleet steps on only while the rated samples stored reach within
 # this many windows of its clock (the quota stage reads the same rated topic as the sink).
-LAG_WINDOWS = 36
+LAG_WINDOWS = 18
 # The stated pipeline lag, in windows: LAG_WINDOWS, one for the quota stage to emit after the
 # sink stored, one for the eviction's countdown to see the next window's clock (enforcement.py
 # holds the fleet until the extender has read each event and the actuator has handled it).

@@ -56,7 +56,7 @@ def test_demo_refuses_evicts_and_keeps_overshoot_within_its_bound(tmp_path: Path
     })
     run = [sys.executable, "-m", "gpumeter.app.cli"]
     try:
-        demo = subprocess.run([*run, "demo", "--seconds", "45"], cwd=tmp_path, env=env, capture_output=True,
+        demo = subprocess.run([*run, "demo", "--seconds", "90"], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=900, check=False)
         assert demo.returncode == 0, demo.stderr[-2000:]
         client = clickhouse.connect(f"http://127.0.0.1:{http_port}/{DEMO_DATABASE}", create_database=False)
