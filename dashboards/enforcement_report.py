@@ -93,7 +93,8 @@ def enforcement_series(client: Any, tenants: TenantsFile, refusals: Sequence[tup
                 one.points.append((end, value))
             if metric == "gpu_hours":
                 one.worst_over = max((u - one.limit for u in used.values()), default=Decimal(0))
-                if window is not None and lag is not None and held_after:
+                # Stated for preempt only: a blocked tenant's running pods run on to their end.
+                if window is not None and lag is not None and held_after and policy.on_exceed == "preempt":
                     grace = timedelta(seconds=policy.grace_seconds)
                     span = Decimal((window + grace + lag).total_seconds()) / HOUR
                     one.bound = max(held_after.values()) * span

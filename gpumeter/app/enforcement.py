@@ -177,6 +177,7 @@ class DemoEnforcement:
                 state.delete_pod(uid)
             for pod in pods:
                 state.upsert_pod(pod)
+            state.refresh_blocked()
 
         done = threading.Event()
 
