@@ -20,6 +20,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from dashboards.enforcement_report import (
+    ENFORCEMENT_HEADER,
+    QuotaSeries,
+    enforcement_html,
+    enforcement_rows,
+)
 from gpumeter.core.money import format_money
 from insights.forecast import Forecast
 from insights.idle import IdleAdvice, per_tenant
@@ -244,8 +250,13 @@ def _empty_svg(message: str, width: int) -> str:
             f'{html.escape(message)}</text></svg>')
 
 
+def enforcement_table(series: Sequence[QuotaSeries]) -> ReportTable:
+    return ReportTable("enforcement", "Quota enforcement", ENFORCEMENT_HEADER, enforcement_rows(series),
+                       frozenset({3, 4, 5, 6, 7, 8}))
+
+
 def render(spend: list[DailySpend], invoices: list[dict[str, Any]], generated: str,
-           insights: InsightsView | None = None) -> str:
+           insights: InsightsView | None = None, enforcement: Sequence[QuotaSeries] | None = None) -> str:
     """The report as HTML: the spend chart and tables; with insights, forecasts, quotas and idle GPUs."""
     tables = {table.name: table for table in base_tables(spend, invoices)}
     sections = [
@@ -264,6 +275,12 @@ def render(spend: list[DailySpend], invoices: list[dict[str, Any]], generated: s
             "per day at list price. Advice only: nothing is evicted by it.</p>",
             idle_svg(insights.idle), extra["idle_by_tenant"].html(), extra["idle_gpus"].html(),
         ]
+    if enforcement is not None:
+        sections += ["<h2>Quota enforcement</h2>",
+                     "<p>What the extender refused and the actuator evicted, and how far past each limit "
+                     "a tenant went: the stated overshoot is the most GPUs held after the crossing x "
+                     "(window + grace + pipeline lag).</p>",
+                     enforcement_table(enforcement).html(), enforcement_html(enforcement)]
     body = "\n".join(sections)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gpumeter finance report</title>
@@ -294,11 +311,14 @@ def write_csvs(out_dir: Path, tables: Sequence[ReportTable]) -> list[Path]:
 
 
 def write_report(out_dir: Path, spend: list[DailySpend], invoices: list[dict[str, Any]], generated: str,
-                 insights: InsightsView | None = None) -> Path:
+                 insights: InsightsView | None = None,
+                 enforcement: Sequence[QuotaSeries] | None = None) -> Path:
     """finance-report.html and one CSV per table of it, in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = base_tables(spend, invoices) + (insight_tables(insights) if insights is not None else [])
+    if enforcement is not None:
+        tables.append(enforcement_table(enforcement))
     write_csvs(out_dir, tables)
     report = out_dir / "finance-report.html"
-    report.write_text(render(spend, invoices, generated, insights), encoding="utf-8")
+    report.write_text(render(spend, invoices, generated, insights, enforcement), encoding="utf-8")
     return report

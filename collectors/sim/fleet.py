@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -81,6 +81,7 @@ from typing import Any
 from collectors.sim.config import DEFAULT_START, DEFAULT_TENANTS, FleetConfig, TenantSpec
 from collectors.sim.events import NodeEvents
 from collectors.sim.hardware import GIB, GPU_SPECS
+from collectors.sim.kube_objects import node_object, pod_object
 from collectors.sim.samples import (
     CONTAINER,
     SOURCE_LABEL,
@@ -90,7 +91,7 @@ from collectors.sim.samples import (
     held_fraction,
     six,
 )
-from collectors.sim.scheduler import Node, Scheduler
+from collectors.sim.scheduler import AdmissionFilter, Node, Scheduler
 from collectors.sim.stats import FleetStats
 from collectors.sim.workload import Job, Request, Workload
 from gpumeter.core.models import (
@@ -237,6 +238,27 @@ class SimulatedFleet:
         """
         return self._scheduler.request_eviction(pod_uid)
 
+    def set_admission_filter(self, admit: AdmissionFilter | None) -> None:
+        """Ask ``admit`` before placing a job (collectors/sim/scheduler.py): the extender's filter."""
+        self._scheduler.admit = admit
+
+    def kube_pods(self, annotations: Mapping[str, Mapping[str, str]] | None = None) -> list[dict[str, Any]]:
+        """Running and queued pods as the API server lists them (collectors/sim/kube_objects.py);
+        ``annotations``: by pod uid, what was written on the pods."""
+        notes = annotations or {}
+        jobs = [*self._scheduler.running.values(), *self._scheduler.queue]
+        return [pod_object(job, self._origin, self._seconds, notes.get(job.pod_uid)) for job in jobs]
+
+    def kube_nodes(self) -> list[dict[str, Any]]:
+        """The nodes that exist now as the API server lists them."""
+        replicas = self.config.time_slice_replicas
+        return [node_object(node.name, node.spec.model, node.capacity_type,
+                            node.gpus * replicas if node.shared else node.gpus - node.mig_gpus)
+                for node in self._scheduler.nodes if not node.gone]
+
+    def tenants(self) -> list[str]:
+        return [spec.name for spec in self.config.tenant_specs]
+
     def set_admission(self, tenant: str, allowed: bool) -> None:
         """Block (or unblock) placement of a tenant's queued jobs: a quota ``block`` action."""
         self._scheduler.set_admission(tenant, allowed)
@@ -245,10 +267,11 @@ class SimulatedFleet:
         self, tenant: str, *, model: str, duration_seconds: int, request: Request = "whole", gpus: int = 1,
         mig_profile: str | None = None, priority: int = 0, cpu: Decimal = Decimal(1),
         memory_gib: Decimal = Decimal(4), ephemeral_gib: Decimal = Decimal(10),
-        pvc_gib: Decimal | None = None,
+        pvc_gib: Decimal | None = None, idle: bool = False,
     ) -> str:
         """Queue one job explicitly (tests, scripted scenarios); it is placed at the next step.
 
+        ``idle``: the pod's GPUs show 0 % utilization throughout (a forgotten notebook).
         Returns the pod UID. Raises ValueError for a request the fleet cannot describe.
         """
         if GPU_SPECS.get(model) is None or model not in self._scheduler.nodes_by_model:
@@ -258,6 +281,7 @@ class SimulatedFleet:
             mig_profile=mig_profile, priority=priority, cpu=cpu, memory_gib=memory_gib,
             ephemeral_gib=ephemeral_gib, pvc_gib=pvc_gib,
         )
+        job.idle = idle
         self._scheduler.requeue(job)
         self.stats.jobs_submitted += 1
         return job.pod_uid
@@ -369,7 +393,7 @@ class SimulatedFleet:
             readings = []
             for device in job.devices:
                 pct = job.base_util + int(rng_random() * 13) - 6
-                pct = 0 if pct < 0 else 100 if pct > 100 else pct
+                pct = 0 if pct < 0 or job.idle else 100 if pct > 100 else pct
                 readings.append(self._reading(node, job, device, pct, holders[device.uuid] == 1))
             cpu_pct = max(1, job.cpu_percent + int(rng_random() * 11) - 5)
             mem_pct = min(100, max(1, job.host_mem_percent + int(rng_random() * 7) - 3))

@@ -6,11 +6,17 @@ job gets one replica on the GPU with the fewest pods. Jobs that do not fit wait 
 re-scanned every window (backfill); a whole-GPU job waiting ``reserve_after_seconds`` stops
 backfill on its model. A tenant's queue is capped (``max_queue_per_tenant``), and a blocked
 tenant's jobs wait (a quota ``block`` action).
+
+With an admission filter (``Scheduler.admit``, what kube-scheduler's extender is to it) a
+job is placed only on a node the filter passes among those where it fits; the filter sees
+the job and the names of those nodes (kube-scheduler's own filtering first, then the
+extender's), and a job it passes nowhere waits and is asked about again at the next pass.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -58,6 +64,10 @@ class Node:
         return self.silent_from is None or index >= self.silent_until
 
 
+# (job, names of the nodes it fits on) -> the names the filter lets it run on.
+AdmissionFilter = Callable[[Job, Sequence[str]], Sequence[str]]
+
+
 class Scheduler:
     """The fleet's nodes, the queue of waiting jobs and the jobs running on the nodes."""
 
@@ -79,6 +89,7 @@ class Scheduler:
         self._blocked: set[str] = set()
         self._last_blocked: frozenset[str] = frozenset()
         self._evict: list[str] = []
+        self.admit: AdmissionFilter | None = None
         self.dirty = False  # capacity freed since the last scheduling pass
         reserve = config.reserve_after_seconds
         self._reserve_after = None if reserve is None else -(-reserve // config.window_seconds)
@@ -257,15 +268,33 @@ class Scheduler:
         self.queue = waiting
 
     def _place(self, job: Job) -> bool:
-        for node in self.nodes_by_model.get(job.model, ()):
-            if node.gone:
-                continue
+        nodes = [node for node in self.nodes_by_model.get(job.model, ()) if not node.gone]
+        if self.admit is not None:
+            fitting = [node for node in nodes if self._fits(node, job)]
+            if not fitting:
+                return False
+            passed = set(self.admit(job, [node.name for node in fitting]))
+            nodes = [node for node in fitting if node.name in passed]
+            if not nodes:
+                self.dirty = True  # asked again at the next pass, as kube-scheduler retries
+        for node in nodes:
             placed = self._devices_on(node, job)
             if placed is not None:
                 job.node = node
                 job.devices, job.slots = placed
                 return True
         return False
+
+    @staticmethod
+    def _fits(node: Node, job: Job) -> bool:
+        """Whether ``_devices_on`` would find the job's devices free on the node."""
+        if job.request == "whole":
+            return len(node.free_whole) >= job.gpus
+        if job.request == "mig":
+            assert job.mig_profile is not None
+            name = job.mig_profile.name
+            return any(node.spec.mig_layout[slot].name == name for _, slot in node.free_mig)
+        return any(node.free_replicas.values())
 
     def _devices_on(self, node: Node, job: Job) -> tuple[tuple[Device, ...], tuple[int, ...]] | None:
         """Take the devices the device plugin would hand ``job`` on ``node``; None if they are not free."""

@@ -89,6 +89,7 @@ class Job:
     started: int = 0  # seconds since the fleet's start
     end_window: int = 0  # the window in which the pod ends
     sampler: PodSampler | None = None
+    idle: bool = False  # holds its GPUs and computes nothing (utilization 0): what idle advice finds
 
     @property
     def finished(self) -> int:
@@ -160,12 +161,14 @@ class Workload:
     def recreated(self, job: Job, remaining: int, index: int) -> Job:
         """The pod's controller recreates it: a new pod (name, UID) for the rest of the run, same volume."""
         self._job_counter += 1
-        return self._job(
+        successor = self._job(
             self._job_counter, job.tenant, job.workload, job.model, job.request, job.gpus, job.mig_profile,
             remaining, job.priority, index, base_util=job.base_util, gpu_mem_percent=job.gpu_mem_percent,
             cpu_percent=job.cpu_percent, host_mem_percent=job.host_mem_percent, cpu=job.cpu,
             memory_gib=job.memory_gib, ephemeral_gib=job.ephemeral_gib, pvc=job.pvc,
         )
+        successor.idle = job.idle  # the same program: idle again
+        return successor
 
     def _request(self, rng: random.Random, tenant: TenantSpec) -> Request:
         draw = rng.random()

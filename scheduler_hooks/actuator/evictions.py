@@ -24,7 +24,7 @@ from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.kube_gateway import (
     JSON_PATCH,
     MERGE_PATCH,
-    KubeGateway,
+    ClusterGateway,
     classify_eviction,
     notice_patch,
     status_message,
@@ -66,9 +66,15 @@ class InFlight:
 class Evictions:
     """Evictions in flight, by pod uid, each a task counting down to its deadline."""
 
-    def __init__(self, kube: KubeGateway, sink: RecordSink, *, dry_run: bool, max_backoff: float,
+    def __init__(self, kube: ClusterGateway, sink: RecordSink, *, dry_run: bool, max_backoff: float,
                  io: RunIO, sleep: Callable[[float], Awaitable[None]], stopping: Callable[[], bool],
-                 post_event: PostEvent, act: RunIO | None = None) -> None:
+                 post_event: PostEvent, act: RunIO | None = None,
+                 clock: Callable[[], datetime] = _now, tick: float | None = None) -> None:
+        """``clock``: "now" for notices and deadlines (the real clock; the demo passes its
+        simulated fleet's). ``tick``: with a clock that does not follow wall time, a countdown
+        looks at it again every ``tick`` wall seconds instead of sleeping the whole grace once."""
+        self._clock = clock
+        self._tick = tick
         self.kube = kube
         self.sink = sink
         self.dry_run = dry_run
@@ -101,7 +107,7 @@ class Evictions:
         """Notice every victim (in parallel), record it, and start its eviction countdown."""
         if not victims:
             return
-        now = _now()
+        now = self._clock()
         if self.dry_run:
             records = [
                 pod_record(v.notice.cause, metric, v.pod, "dry_run",
@@ -134,6 +140,17 @@ class Evictions:
         self._event(pod, "EvictionNotice", f"{notice.reason}; eviction at {rfc3339(notice.deadline)}")
         return InFlight(pod, notice, notice.to_annotation())
 
+    async def _until(self, deadline: datetime) -> bool:
+        """Wait until ``deadline`` on the clock; True if there was anything to wait for."""
+        waited = False
+        while not self._stopping():
+            delay = (deadline - self._clock()).total_seconds()
+            if delay <= 0:
+                break
+            waited = True
+            await self._sleep(delay if self._tick is None else min(delay, self._tick))
+        return waited
+
     def start(self, flight: InFlight, fresh: bool) -> None:
         uid = flight.pod.uid
         running = self._inflight.get(uid)
@@ -145,9 +162,7 @@ class Evictions:
     async def _evict_when_due(self, flight: InFlight, fresh: bool) -> None:
         pod, notice = flight.pod, flight.notice
         try:
-            delay = (notice.deadline - _now()).total_seconds()
-            if delay > 0:
-                await self._sleep(delay)
+            if await self._until(notice.deadline):
                 fresh = False
             attempt = 0
             reported: set[str] = set()
@@ -223,7 +238,7 @@ class Evictions:
         return view.uid == uid and view.pending
 
     async def _record(self, pod: PodView, notice: Notice, action: PreemptionAction, detail: str) -> None:
-        record = pod_record(notice.cause, notice.metric, pod, action, detail, _now())
+        record = pod_record(notice.cause, notice.metric, pod, action, detail, self._clock())
         await self.sink.write([record])
 
     async def withdraw_notice(self, pod: PodView, why: str) -> None:

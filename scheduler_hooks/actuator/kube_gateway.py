@@ -18,7 +18,7 @@ import logging
 import socket
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
@@ -107,6 +107,22 @@ def status_message(body: str | bytes | None) -> str:
 
 
 # -- the calls ------------------------------------------------------------------------------------
+
+
+class ClusterGateway(Protocol):
+    """What the actuator asks of a cluster: ``KubeGateway`` against the API server, or a
+    simulated cluster behind the same calls (the demo's, collectors/sim/cluster_gateway.py),
+    which implements it structurally."""
+
+    def namespaces(self) -> list[dict[str, Any]]: ...
+    def nodes(self) -> list[dict[str, Any]]: ...
+    def pods(self, namespace: str | None = None) -> list[dict[str, Any]]: ...
+    def unscheduled_pods(self) -> list[dict[str, Any]]: ...
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def patch_pod(self, namespace: str, name: str, body: Any, content_type: str) -> int: ...
+    def evict(self, namespace: str, name: str, uid: str) -> tuple[int, bytes]: ...
+    def post_event(self, pod: PodView, reason: str, message: str, warning: bool = False) -> None: ...
+
 
 
 class KubeGateway:

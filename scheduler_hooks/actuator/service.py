@@ -88,7 +88,7 @@ from gpumeter.infra import kafka as gkafka
 from quota.trust import Distrust, distrust
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.evictions import Evictions
-from scheduler_hooks.actuator.kube_gateway import KubeGateway
+from scheduler_hooks.actuator.kube_gateway import ClusterGateway, KubeGateway
 from scheduler_hooks.actuator.leader import NotLeading
 from scheduler_hooks.actuator.offsets import OffsetTracker
 from scheduler_hooks.actuator.plan import (
@@ -144,20 +144,31 @@ class Actuator:
         settings: Settings,
         *,
         dry_run: bool,
-        kube: KubeGateway,
+        kube: ClusterGateway,
         tenants: TenantsSource,
         reclaim_seconds: float = RECLAIM_SECONDS,
         queue_sync_seconds: float = QUEUE_SYNC_SECONDS,
         registry: CollectorRegistry | None = None,
         untrusted: Counter | None = None,
         may_act: Callable[[], bool] = lambda: True,
+        clock: Callable[[], datetime] = _now,
+        queues: VolcanoQueues | None = None,
+        tick: float | None = None,
     ) -> None:
+        """``clock``: "now" for the trust check, plans and deadlines; the real clock, always, in
+        production (the demo passes its simulated fleet's clock, whose periods are the ones its
+        quota events name; the trust rule itself is unchanged). ``queues``: Volcano's queues
+        (default: through ``kube``'s API client); ``tick``: see ``Evictions``."""
+        self._now = clock
         self.settings = settings
         self.may_act = may_act
         self.dry_run = dry_run
         self.kube = kube
         self.tenants = tenants
-        self.queues = VolcanoQueues(kube.custom, dry_run=dry_run)
+        if queues is None:  # only the API server's gateway has Volcano's queues behind it
+            assert isinstance(kube, KubeGateway), "a cluster without an API server: pass queues"
+            queues = VolcanoQueues(kube.custom, dry_run=dry_run)
+        self.queues = queues
         self.sink = RecordSink(settings)
         self.reclaim_seconds = reclaim_seconds
         self.queue_sync_seconds = queue_sync_seconds
@@ -183,7 +194,7 @@ class Actuator:
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self.evictions = Evictions(kube, self.sink, dry_run=dry_run, max_backoff=self.max_backoff,
                                    io=self._io, sleep=self._sleep, stopping=lambda: self._stop.is_set(),
-                                   post_event=self._event, act=self._act)
+                                   post_event=self._event, act=self._act, clock=clock, tick=tick)
 
     @classmethod
     def from_settings(cls, settings: Settings, dry_run: bool, api: ApiClient | None = None,
@@ -377,11 +388,11 @@ class Actuator:
         can come after it)."""
         log.debug("quota event %s: %s %s %s", event.event_id[:12], event.tenant, event.metric, event.level)
         policy = self.tenants.current().policy(event.tenant)
-        reason = distrust(event, policy, _now())
+        reason = distrust(event, policy, self._now())
         if reason is not None:
             self._ignore(event, reason)
             return
-        self.blocked = blocked_after(self.blocked, event, policy, _now())
+        self.blocked = blocked_after(self.blocked, event, policy, self._now())
         await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position))
 
     def _ignore(self, event: QuotaEvent, reason: Distrust) -> None:
@@ -428,7 +439,7 @@ class Actuator:
             action, detail = "dry_run", f"would {detail}"
         log.info("%s%s", "[dry-run] " if self.dry_run else "", detail)
         await self.sink.write([queue_record(event.event_id, event.metric, event.tenant, change.queue, action,
-                                            detail, _now())])
+                                            detail, self._now())])
 
     async def _preempt(self, event: QuotaEvent, policy: TenantPolicy | None,
                        position: Position | None) -> None:
@@ -447,7 +458,7 @@ class Actuator:
             plan: PreemptionPlan | None = PreemptionPlan(
                 event.event_id, event.tenant, event.metric, victims, ())
         else:
-            plan = plan_preemption(event, policy, pods, _now())
+            plan = plan_preemption(event, policy, pods, self._now())
         if plan is None:
             return
         log.info("quota event %s (%s %s exceeded): %d pod(s) to evict%s", event.event_id[:12], event.tenant,
@@ -548,7 +559,7 @@ class Actuator:
         for plan in plans:
             log.info("spot reclaim for %s on %s: %s", plan.pending.key, plan.node,
                      ", ".join(p.key for p in plan.victims))
-            await self.evictions.carry_out(reclaim_victims(plan, self.tenants.current(), _now()), "")
+            await self.evictions.carry_out(reclaim_victims(plan, self.tenants.current(), self._now()), "")
 
     @staticmethod
     def _view(raw: dict[str, Any], namespaces: dict[str, dict[str, str]],

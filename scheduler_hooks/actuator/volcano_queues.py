@@ -247,3 +247,21 @@ class VolcanoQueues:
         if not self._dry_run:
             self._custom.patch_cluster_custom_object_status(
                 GROUP, VERSION, PLURAL, name, {"status": {"state": state}}, _content_type=MERGE_PATCH)
+
+
+class NoVolcanoQueues(VolcanoQueues):
+    """A cluster without Volcano (the demo's simulated one): no queue to create, close or reopen;
+    blocking is the extender's refusal alone there."""
+
+    def __init__(self) -> None:
+        self._dry_run = True
+        self._lock = threading.Lock()
+
+    def sync(self, tenants: TenantsFile) -> list[str]:
+        return []
+
+    def close(self, tenant: str, metric: str, policy: TenantPolicy | None) -> QueueChange | None:
+        return None
+
+    def reopen(self, tenant: str, metric: str) -> QueueChange | None:
+        return None

@@ -357,6 +357,11 @@ class KafkaFeed(Feed):
             with contextlib.suppress(Exception):
                 consumer.close(autocommit=False)
 
+    def read_up_to(self, topic: str) -> dict[int, int]:
+        """The next offset to read of each partition of ``topic`` read so far (the demo waits
+        on it: what is read is handed to the state right away)."""
+        return {tp.partition: offset for tp, offset in dict(self._positions).items() if tp.topic == topic}
+
     def _assign(self, consumer: KafkaConsumer) -> list[TopicPartition]:
         partitions: list[TopicPartition] = []
         for topic in self.sources:

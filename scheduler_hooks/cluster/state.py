@@ -350,6 +350,17 @@ class HooksState:
         self._refresh_blocked(event.tenant)
         return True
 
+    def refresh_blocked(self) -> None:
+        """Every tenant's block again at the clock now: a crossing of a period that has ended
+        blocks no more (the trust check wants the current period) even before the quota stage's
+        ``recovered`` for it arrives. The demo calls it each window: its fleet's clock runs far
+        ahead of wall time, and a tenant with nothing running sends no usage that would move
+        its quota clock into the new period."""
+        for tenant in list(self._exceeded):
+            self._forget_past(tenant)
+        for tenant in list(self.blocked):
+            self._refresh_blocked(tenant)
+
     def _forget_past(self, tenant: str) -> None:
         """Drop crossings of periods that are over: they block nothing again (the trust check
         wants the current period), so the fold keeps only what can still matter."""

@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
+    from dashboards.enforcement_report import enforcement_series
     from dashboards.finance_report import InsightsView, daily_spend, write_report
     from dashboards.insights_job import evaluate
     from gpumeter.core.tenants import load_tenants
@@ -37,11 +38,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         for tenant in billable_tenants(context, period, month):
             documents.append(invoice_for(context, tenant, period, prefetched=month).to_document())
         spend = [day for day in daily_spend(context.client) if f"{day.day:%Y-%m}" == period]
-        result = evaluate(context.client, load_tenants(settings.tenants))
+        tenants = load_tenants(settings.tenants)
+        result = evaluate(context.client, tenants)
+        # Crossings and evictions (refusals are the extender's answers: not stored).
+        enforcement = enforcement_series(context.client, tenants)
         insights = None if result.at is None else InsightsView(
             at=result.at, forecasts=result.forecasts, idle=result.idle)
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    report = write_report(args.out, spend, documents, generated, insights)
+    report = write_report(args.out, spend, documents, generated, insights, enforcement)
     if not documents:
         console.print(f"no usage in {period}: the report is empty")
     print(f"finance report for {period}: {report} ({len(documents)} invoices, CSVs beside it)")

@@ -374,3 +374,16 @@ def test_pods_bound_to_a_time_sliced_node_take_replicas_until_none_is_left() -> 
     assert {a.pod_uid: a.gpu_indices for a in effective.assignments} == {"three": [0, 0, 0]}
     state.delete_pod("three")
     assert state.placement.free("l4-ts") == 4
+
+
+def test_a_crossing_of_an_ended_period_blocks_no_more_once_refreshed() -> None:
+    now = {"at": AT}
+    state = HooksState(TENANTS, clock=lambda: now["at"])
+    state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded", period=f"{AT:%Y-%m}"))
+    state.refresh_blocked()
+    assert state.blocked == {"blocker": "gpu_hours"}  # the period runs on: still blocked
+    # The next month, and no recovered from the quota stage (the tenant sent no usage since).
+    now["at"] = datetime(AT.year + (AT.month == 12), AT.month % 12 + 1, 1, tzinfo=UTC)
+    assert state.blocked == {"blocker": "gpu_hours"}  # nothing asked the state yet
+    state.refresh_blocked()
+    assert state.blocked == {}

@@ -1,0 +1,108 @@
+"""The simulated fleet as a cluster the actuator acts on and a scheduler that asks an extender:
+SimClusterGateway's answers (the API server's, for the actuator's calls) and the admission filter,
+on a real SimulatedFleet."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from collectors.sim.cluster_gateway import JSON_PATCH, MERGE_PATCH, SimClusterGateway
+from collectors.sim.fleet import FleetConfig, SimulatedFleet
+from collectors.sim.workload import Job
+from gpumeter.core import jsonio
+from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
+
+KEY = EVICTION_NOTICE_ANNOTATION.replace("/", "~1")
+
+
+def small(seed: int = 3) -> SimulatedFleet:
+    nodes = {"H100-SXM-80GB": 2, "L4-24GB": 1}
+    return SimulatedFleet(FleetConfig(seed=seed, window_seconds=600, nodes=nodes))
+
+
+def running(gateway: SimClusterGateway) -> list[dict[str, Any]]:
+    return [p for p in gateway.pods() if p["status"]["phase"] == "Running"]
+
+
+def test_pods_are_listed_as_the_api_server_would_with_their_node_and_gpus() -> None:
+    fleet = small()
+    fleet.submit("team-a", model="H100-SXM-80GB", gpus=2, duration_seconds=7200)
+    fleet.step_dicts()
+    gateway = SimClusterGateway(fleet)
+    pods = running(gateway)
+    assert {p["metadata"]["uid"] for p in pods} == {p["pod_uid"] for p in fleet.running_pods()}
+    mine = [p for p in pods if p["metadata"]["namespace"] == "team-a"]
+    assert any(p["spec"]["containers"][0]["resources"]["requests"].get("nvidia.com/gpu") == "2"
+               for p in mine)
+    assert all(p["spec"]["nodeName"] for p in pods)
+    assert {n["metadata"]["name"] for n in gateway.nodes()} == set(fleet.node_names())
+    assert {ns["metadata"]["name"] for ns in gateway.namespaces()} == set(fleet.tenants())
+
+
+def test_notice_patches_follow_the_api_servers_preconditions() -> None:
+    fleet = small()
+    fleet.step_dicts()
+    gateway = SimClusterGateway(fleet)
+    pod = running(gateway)[0]
+    meta = pod["metadata"]
+    ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    notice = {"metadata": {"uid": uid, "annotations": {EVICTION_NOTICE_ANNOTATION: "n1"}}}
+    successor = {"metadata": {"uid": "someone-else", "annotations": {}}}
+    assert gateway.patch_pod(ns, name, successor, MERGE_PATCH) == 422
+    assert gateway.patch_pod(ns, name, notice, MERGE_PATCH) == 200
+    assert (gateway.pod(ns, name) or {})["metadata"]["annotations"] == {EVICTION_NOTICE_ANNOTATION: "n1"}
+    stale = [{"op": "test", "path": f"/metadata/annotations/{KEY}", "value": "n0"},
+             {"op": "remove", "path": f"/metadata/annotations/{KEY}"}]
+    assert gateway.patch_pod(ns, name, stale, JSON_PATCH) == 422
+    stale[0]["value"] = "n1"
+    assert gateway.patch_pod(ns, name, stale, JSON_PATCH) == 200
+    assert (gateway.pod(ns, name) or {})["metadata"]["annotations"] == {}
+    assert gateway.patch_pod(ns, "no-such-pod", notice, MERGE_PATCH) == 404
+
+
+def test_an_eviction_ends_the_pod_and_its_metering() -> None:
+    fleet = small()
+    fleet.submit("team-a", model="H100-SXM-80GB", gpus=1, duration_seconds=86_400)
+    fleet.step_dicts()
+    gateway = SimClusterGateway(fleet)
+    pod = next(p for p in running(gateway) if p["metadata"]["namespace"] == "team-a")
+    meta = pod["metadata"]
+    ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+    assert gateway.evict(ns, name, "another-uid")[0] == 409
+    assert gateway.evict(ns, name, uid)[0] == 201
+    assert (gateway.pod(ns, name) or {})["metadata"]["deletionTimestamp"]
+    samples = fleet.step_dicts()
+    assert all(s["pod_uid"] != uid for s in samples)
+    assert gateway.pod(ns, name) is None
+    assert gateway.evict(ns, name, uid)[0] == 404
+
+
+def test_the_admission_filter_holds_refused_pods_and_they_are_placed_once_passed() -> None:
+    fleet = small()
+    refused: list[str] = []
+    allow = {"value": False}
+
+    def admit(job: Job, names: Sequence[str]) -> Sequence[str]:
+        if job.tenant == "team-a" and not allow["value"]:
+            refused.append(job.pod_uid)
+            return []
+        return names
+
+    fleet.set_admission_filter(admit)
+    uid = fleet.submit("team-a", model="H100-SXM-80GB", gpus=1, duration_seconds=86_400)
+    fleet.step_dicts()
+    fleet.step_dicts()
+    assert uid in refused and uid not in {p["pod_uid"] for p in fleet.running_pods()}
+    waiting = SimClusterGateway(fleet).unscheduled_pods()
+    assert uid in {p["metadata"]["uid"] for p in waiting}
+    allow["value"] = True  # nothing else changes: the refused pod is asked about again anyway
+    fleet.step_dicts()
+    assert uid in {p["pod_uid"] for p in fleet.running_pods()}
+
+
+def test_a_filter_passing_everything_changes_nothing() -> None:
+    plain, asked = small(9), small(9)
+    asked.set_admission_filter(lambda job, names: names)
+    for _ in range(30):
+        assert jsonio.dumps(plain.step_dicts()) == jsonio.dumps(asked.step_dicts())
