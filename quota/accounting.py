@@ -18,7 +18,7 @@ after a crash) yields the same id, and a later, genuinely new crossing a differe
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -26,10 +26,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import CapacityType, Kind, QuotaEvent, QuotaLevel, QuotaMetric, RatedUsage
 from gpumeter.core.money import CENT, MICRO, SECONDS_PER_HOUR, exact
 from gpumeter.core.tenants import TenantPolicy
 from gpumeter.core.validation import DecimalValue, UtcTimestamp
+from quota.grants import limit_at, of_file, previous_period
 from quota.periods import PeriodKind, period_key
 
 METRICS: tuple[QuotaMetric, ...] = ("gpu_hours", "spend", "max_gpus")
@@ -196,9 +198,10 @@ def apply(
     policy: TenantPolicy | None,
     now: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> tuple[TenantLedger, list[QuotaEvent]]:
     """Count ``usage`` once (a recently applied event_id is skipped), then evaluate crossings."""
-    return reevaluate(count(ledger, usage), policy, now, stale_seconds)
+    return reevaluate(count(ledger, usage), policy, now, stale_seconds, grants)
 
 
 def count(ledger: TenantLedger, usages: Usage | Iterable[Usage]) -> TenantLedger:
@@ -229,11 +232,14 @@ def reevaluate(
     policy: TenantPolicy | None,
     now: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> tuple[TenantLedger, list[QuotaEvent]]:
     """Crossings as of ``now``: for timer ticks and tenants-file reloads, and after each usage.
 
     Stale pods stop holding GPUs, a new period recovers the old period's exceeded metrics,
-    a raised or removed limit recovers, a lowered one can newly warn or exceed.
+    a raised or removed limit recovers, a lowered one can newly warn or exceed. ``grants``:
+    the tenant's (quota.grants), raising the gpu_hours and spend limits of the period; a grant
+    that takes effect or expires changes the limit like a reloaded file does.
     """
     _check_policy(ledger, policy)
     _require_aware(now)
@@ -244,10 +250,12 @@ def reevaluate(
     for metric in ("gpu_hours", "spend"):
         events += _close_past_periods(ledger, crossings[metric], metric, current, now)
         raw = _raw(ledger, metric, current)
-        events += _evaluate(ledger, crossings[metric], metric, current, current, raw, policy, now)
+        limit = period_limit(ledger, policy, metric, now, grants)
+        events += _evaluate(ledger, crossings[metric], metric, current, current, raw, limit, policy, now)
 
     held = held_gpus(ledger, now, stale_seconds)
-    events += _evaluate(ledger, crossings["max_gpus"], "max_gpus", HELD_SCOPE, current, held, policy, now)
+    events += _evaluate(ledger, crossings["max_gpus"], "max_gpus", HELD_SCOPE, current, held,
+                        _limit(policy, "max_gpus"), policy, now)
 
     kept_periods = _retained_periods(ledger.periods, crossings)
     updated = ledger.model_copy(update={
@@ -267,14 +275,15 @@ def status(
     policy: TenantPolicy | None,
     now: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> list[MetricStatus]:
-    """Each metric's use in the current period (max_gpus: now) against the policy."""
+    """Each metric's use in the current period (max_gpus: now) against the policy and grants."""
     _check_policy(ledger, policy)
     current = period_key(now, _period_kind(policy))
     result = []
     for metric in METRICS:
         raw = held_gpus(ledger, now, stale_seconds) if metric == "max_gpus" else _raw(ledger, metric, current)
-        limit = _limit(policy, metric)
+        limit = period_limit(ledger, policy, metric, now, grants)
         scale = _SCALE[metric]
         with exact():
             used = raw / scale
@@ -303,6 +312,22 @@ def blocked(ledger: TenantLedger, policy: TenantPolicy | None) -> list[QuotaMetr
         if _limit(policy, metric) is not None
         and any(state.exceeded for state in ledger.crossings.get(metric, {}).values())
     ]
+
+
+def period_limit(ledger: TenantLedger, policy: TenantPolicy | None, metric: QuotaMetric, now: datetime,
+                 grants: Sequence[Grant] = ()) -> Decimal | None:
+    """The metric's limit at ``now``: the policy's, raised by the grants in force (quota.grants),
+    whose carried parts need the usage of the period before (kept in the ledger)."""
+    base = _limit(policy, metric)
+    if metric == "max_gpus" or base is None or policy is None:
+        return base
+    file_grants = of_file(policy.grants)
+    every = [*file_grants, *grants] if file_grants else grants
+    if not every:
+        return base
+    before = _raw(ledger, metric, previous_period(period_key(now, policy.period)))
+    with exact():
+        return limit_at(base, every, metric, policy.period, now, before / _SCALE[metric])
 
 
 def held_gpus(ledger: TenantLedger, now: datetime, stale_seconds: int = DEFAULT_STALE_SECONDS) -> Decimal:
@@ -411,11 +436,11 @@ def _evaluate(
     scope: str,
     period: str,
     raw: Decimal,
+    limit: Decimal | None,
     policy: TenantPolicy | None,
     now: datetime,
 ) -> list[QuotaEvent]:
-    """Step one scope's state against the policy's limit; store it in ``scopes``; return events."""
-    limit = _limit(policy, metric)
+    """Step one scope's state against ``limit``; store it in ``scopes``; return events."""
     thresholds = (*(policy.warn_at if policy else ()), _ONE)
     before = scopes.get(scope)
     state, crossings = _step(before, raw, limit, thresholds, _SCALE[metric])
