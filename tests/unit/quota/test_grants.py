@@ -85,7 +85,8 @@ def test_day_periods_and_spend() -> None:
     grants = [grant("#1", "25.50", "2026-11-10T08:00:00Z", rollover=True, metric="spend")]
     # Nov 10: 200 + 25.50; used 210.25 -> base 200, grant 10.25, 15.25 unused; Nov 11: 215.25
     assert limit_at(D("200.00"), grants, "spend", "day", ts("2026-11-10T09:00:00Z"), D(0)) == D("225.50")
-    assert limit_at(D("200.00"), grants, "spend", "day", ts("2026-11-11T09:00:00Z"), D("210.25")) == D("215.25")
+    next_day = ts("2026-11-11T09:00:00Z")
+    assert limit_at(D("200.00"), grants, "spend", "day", next_day, D("210.25")) == D("215.25")
     # gpu_hours is another metric: unchanged
     assert limit_at(D(8), grants, "gpu_hours", "day", ts("2026-11-10T09:00:00Z"), D(0)) == D(8)
 
@@ -96,7 +97,8 @@ def test_no_base_limit_means_no_limit() -> None:
 
 
 def test_bounds_without_usage() -> None:
-    grants = [grant("#1", "50", "2026-11-10T00:00:00Z", rollover=True), grant("#2", "5", "2026-12-02T00:00:00Z")]
+    grants = [grant("#1", "50", "2026-11-10T00:00:00Z", rollover=True),
+              grant("#2", "5", "2026-12-02T00:00:00Z")]
     # December: base 100 + #2 5 = 105, plus a carry of #1 between 0 and 50.
     assert bounds(D(100), grants, "gpu_hours", "month", "2026-12", ts("2026-12-03T00:00:00Z")) == LimitBounds(
         D(105), D(155))
@@ -134,7 +136,8 @@ def test_file_grants_are_keyed_by_id() -> None:
     ({"amount": "1.234"}, "decimal places"),
 ])
 def test_bad_file_grants_name_the_field(fields: dict[str, str], message: str) -> None:
-    document = {"id": "g", "metric": "spend", "amount": "10", "effective_at": "2026-11-01T00:00:00Z", **fields}
+    document = {"id": "g", "metric": "spend", "amount": "10", "effective_at": "2026-11-01T00:00:00Z",
+                **fields}
     with pytest.raises(ValueError, match=message):
         FileGrant.model_validate(document)
 
@@ -160,8 +163,8 @@ def test_a_grant_lifting_the_limit_above_use_recovers_once_with_a_replayable_id(
     # ... and the evaluated ledger announces nothing twice.
     assert reevaluate(after, rules, at, grants=top_up)[1] == []
     # 4 more hours: 16 >= 15, exceeded again under a new id.
-    later, more = apply(after, usage("u2", "2026-11-05T03:00:00Z", quantity="4"), rules,
-                        ts("2026-11-05T04:00:00Z"), grants=top_up)
+    _, more = apply(after, usage("u2", "2026-11-05T03:00:00Z", quantity="4"), rules,
+                    ts("2026-11-05T04:00:00Z"), grants=top_up)
     assert [(e.level, e.limit) for e in more] == [("exceeded", D("15.000000"))]
     assert more[0].event_id != events[0].event_id
 
