@@ -36,6 +36,7 @@ from decimal import Decimal
 
 from gpumeter.core.grants import FileGrant, Grant, GrantMetric, GrantRecord
 from gpumeter.core.money import exact
+from gpumeter.core.tenants import TenantPolicy
 from quota.periods import PeriodKind, period_end, period_key, period_start
 
 _ZERO = Decimal(0)
@@ -173,3 +174,40 @@ def _attribution_order(grant: Grant) -> tuple[bool, datetime, str]:
 def _grant(key: str, terms: FileGrant | GrantRecord, amount: Decimal) -> Grant:
     return Grant(key=key, metric=terms.metric, amount=amount, effective_at=terms.effective_at,
                  expires_at=terms.expires_at, rollover=terms.rollover)
+
+
+def check_new(candidate: GrantRecord, before: Sequence[GrantRecord], policy: TenantPolicy | None,
+              now: datetime) -> None:
+    """Refuse a grant or correction that cannot be stored, naming the field (GrantError).
+
+    - the tenant must be in the tenants file, and its policy must set the metric's limit
+      (a grant raises a limit, it never creates one);
+    - ``expires_at`` must be after ``effective_at`` (GrantTerms) and not already past;
+    - a correction names an earlier grant (not a correction) of the same tenant, takes from
+      it over its own range (a correction cannot overlap another range: it has the grant's),
+      and leaves the grant with a remaining balance of at least zero.
+    """
+    if policy is None or policy.tenant != candidate.tenant:
+        raise GrantError(f"tenant: {candidate.tenant} is not in the tenants file")
+    if getattr(policy, candidate.metric) is None:
+        raise GrantError(f"metric: tenant {candidate.tenant} has no {candidate.metric} limit for a grant to "
+                         "raise (grants raise a limit, they never create one)")
+    if candidate.expires_at is not None and candidate.expires_at <= now:
+        raise GrantError(f"expires_at: {candidate.expires_at.isoformat()} is already past")
+    if candidate.corrects is None:
+        return
+    target = next((r for r in before if r.number == candidate.corrects), None)
+    if target is None or target.corrects is not None or target.tenant != candidate.tenant:
+        raise GrantError(f"corrects: #{candidate.corrects} is not a grant of tenant {candidate.tenant}")
+    same_terms = (target.metric, target.effective_at, target.expires_at, target.rollover) == (
+        candidate.metric, candidate.effective_at, candidate.expires_at, candidate.rollover)
+    if not same_terms:
+        raise GrantError(f"effective_at: a correction counts over the range of grant #{target.number} "
+                         f"({target.metric}, {target.effective_at.isoformat()} .. "
+                         f"{target.expires_at.isoformat() if target.expires_at else 'no expiry'}); "
+                         "it cannot have another")
+    with exact():
+        remaining = target.amount + sum((r.amount for r in before if r.corrects == target.number), _ZERO)
+        if remaining + candidate.amount < 0:
+            raise GrantError(f"amount: grant #{target.number} has {remaining} left; taking "
+                             f"{-candidate.amount} would leave a negative remaining balance")

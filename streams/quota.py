@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -35,6 +35,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpumeter.core.config_files import ConfigError
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import CapacityType, Kind, QuotaEvent, QuotaMetric, RatedUsage
 from gpumeter.core.records import split
 from gpumeter.core.tenants import TenantPolicy, TenantsFile, load_tenants
@@ -198,6 +199,7 @@ class QuotaProcessor:
         policies: TenantsFile,
         stale_seconds: int = DEFAULT_STALE_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
+        grants: Mapping[str, Sequence[Grant]] | None = None,
     ) -> None:
         self.store = store
         self.stale_seconds = stale_seconds
@@ -207,6 +209,17 @@ class QuotaProcessor:
         self._clocks: dict[str, tuple[datetime, float]] = {}
         self._policies: dict[str, TenantPolicy] = {}
         self._set_policies(policies)
+        self._grants: Mapping[str, Sequence[Grant]] = dict(grants or {})
+
+    def grants(self, tenant: str) -> Sequence[Grant]:
+        return self._grants.get(tenant, ())
+
+    def set_grants(self, grants: Mapping[str, Sequence[Grant]]) -> list[QuotaEvent]:
+        """Grants read again (quota.grants.fold of ``quota_grants``): re-evaluate every owned
+        tenant against them. The limit is a function of the whole set, so a grant read twice,
+        or read again after a restart, is never added twice."""
+        self._grants = dict(grants)
+        return self.tick()
 
     def policy(self, tenant: str) -> TenantPolicy | None:
         return self._policies.get(tenant)
@@ -279,7 +292,7 @@ class QuotaProcessor:
             return []
         ledger = count(state.ledger, usages)
         now = self._advance(tenant, state, max(usage.window_end for usage in usages))
-        ledger, events = reevaluate(ledger, self.policy(tenant), now, self.stale_seconds)
+        ledger, events = reevaluate(ledger, self.policy(tenant), now, self.stale_seconds, self.grants(tenant))
         offsets = state.source_offsets
         if guarded:
             offsets = {**offsets, source_partition: source_offset}
@@ -298,7 +311,8 @@ class QuotaProcessor:
         if now is None:
             return []
         self._clocks[tenant] = (now, reading)
-        ledger, events = reevaluate(state.ledger, self.policy(tenant), now, self.stale_seconds)
+        ledger, events = reevaluate(state.ledger, self.policy(tenant), now, self.stale_seconds,
+                                    self.grants(tenant))
         # Unchanged state is not written again: a tick must not flood the changelog.
         if events or ledger != state.ledger:
             self.store.put(tenant, state.model_copy(update={"ledger": ledger, "clock": now}))
@@ -382,6 +396,7 @@ def tenant_status(
     policy: TenantPolicy | None,
     at: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> TenantStatus:
     """Usage against limits as of ``at``, and the tenant's state.
 
@@ -389,7 +404,7 @@ def tenant_status(
     4); otherwise the worst metric state (exceeded > warning > ok).
     """
     ledger = state.ledger if state is not None else TenantLedger(tenant=tenant)
-    metrics = status(ledger, policy, at, stale_seconds)
+    metrics = status(ledger, policy, at, stale_seconds, grants)
     stopped = blocked(ledger, policy)
     overall: TenantState = "blocked" if stopped else _worst({metric.state for metric in metrics})
     return TenantStatus(tenant=tenant, state=overall, on_exceed=policy.on_exceed if policy else None,

@@ -40,7 +40,7 @@ class GrantTerms(BaseModel):
         if not self.amount.is_finite() or self.amount != round(self.amount, places):
             raise ValueError(f"amount: {self.amount} has more than {places} decimal places for {self.metric}")
         if self.expires_at is not None and self.expires_at <= self.effective_at:
-            raise ValueError(f"expires_at {self.expires_at.isoformat()} is not after effective_at "
+            raise ValueError(f"expires_at: {self.expires_at.isoformat()} is not after effective_at "
                              f"{self.effective_at.isoformat()}: an empty effective range")
         return self
 
