@@ -18,16 +18,14 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.types import TP, EventT, StreamT
 
 from gpumeter.core import topics
-from gpumeter.core.grants import Grant
 from gpumeter.core.models import QuotaEvent, dead_letter
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import LEDGER_TABLE, TopicSpec, ledger_changelog_topic
-from gpumeter.infra import clickhouse
-from gpumeter.infra import grants as grant_store
 from gpumeter.infra import kafka as kafka_admin
+from gpumeter.infra.grants import GrantsReader
 from gpumeter.infra.rows import Row
 from gpumeter.infra.schema import QUOTA_EVENTS
-from quota.grants import GrantError, fold
+from quota.grants import fold
 from streams.batch_writer import BatchWriter
 from streams.quota import (
     BadQuotaEvent,
@@ -119,46 +117,6 @@ def _ensure_ledger_changelog(settings: Settings) -> int:
     return partitions
 
 
-class GrantsReader:
-    """ClickHouse ``quota_grants``, folded per tenant (quota.grants.fold).
-
-    Chosen over a Kafka topic of grants: the table is the one record of grants (numbered there,
-    by claims), so there is no second write that a crash between the two could lose, and a
-    worker restarted after kill -9 reads the same set again; the limit is a function of the
-    whole set, so nothing is applied twice. A read that fails (ClickHouse away, a row that does
-    not fold) returns None: the grants read last stay in force, logged once per kind of failure.
-    """
-
-    def __init__(self, dsn: str) -> None:
-        self._dsn = dsn
-        self._client: Any = None
-        self._failing: str | None = None
-        self.applied: dict[str, list[Grant]] | None = None
-
-    def read(self) -> dict[str, list[Grant]] | None:
-        try:
-            if self._client is None:
-                self._client = clickhouse.connect(self._dsn, create_database=False)
-            folded = fold(grant_store.read(self._client))
-        except GrantError as exc:
-            return self._failed(f"quota_grants does not fold: {exc}")
-        except Exception as exc:  # ClickHouse away: keep the last grants, try again next time
-            self._client = None
-            return self._failed(f"reading quota_grants failed: {first_line(exc)[:300]}")
-        if self._failing is not None:
-            log.warning("quota_grants read again")
-            self._failing = None
-        if self.applied is None:
-            self.applied = folded
-        return folded
-
-    def _failed(self, message: str) -> dict[str, list[Grant]] | None:
-        if message != self._failing:
-            log.error("%s; the grants read last stay in force", message)
-            self._failing = message
-        return None
-
-
 @dataclass(frozen=True)
 class QuotaWiring:
     processor: QuotaProcessor
@@ -199,12 +157,17 @@ def add_quota(app: faust.App, settings: Settings, rated_topic: Any, quota_topic:
 
     store = TableLedgerStore(ledgers, home, owns)
     watcher = TenantsWatcher(settings.tenants)
-    grants = GrantsReader(settings.clickhouse.connection_dsn())
+    # Grants come from ClickHouse quota_grants, read again every grants_poll_seconds, rather
+    # than from a Kafka topic: the table is the one record of grants (numbered there), so no
+    # second write can be lost between the two, and a worker restarted after kill -9 reads the
+    # same set again. The limit is a function of the whole set: nothing is applied twice.
+    grants = GrantsReader(settings.clickhouse.connection_dsn(), fold)
     # Before any record is counted: evaluating a tenant without its grants would announce a
     # lower limit (an exceeded, then a recovered once they are read).
     initial = grants.read()
     if initial is None:
         raise RuntimeError("quota_grants could not be read at start (see the log line above)")
+    applied = [initial]
     processor = QuotaProcessor(store, watcher.current, settings.quota.stale_seconds, grants=initial)
     # One step at a time: a tick must not store a ledger whose events a record still awaits.
     lock = asyncio.Lock()
@@ -277,12 +240,12 @@ def add_quota(app: faust.App, settings: Settings, rated_topic: Any, quota_topic:
     async def quota_grants() -> None:
         # Read outside the lock: a slow ClickHouse must not hold rated records back.
         read = await asyncio.to_thread(grants.read)
-        if read is None or read == grants.applied:
+        if read is None or read == applied[0]:
             return
         async with lock:
             if app.rebalancing or app.in_recovery:
                 return  # tried again next time: ``applied`` is still the old set
-            grants.applied = read
+            applied[0] = read
             await publish(processor.set_grants(read))
             await persist()
 

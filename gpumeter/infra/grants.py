@@ -13,22 +13,81 @@ table: it holds one row per operator action, so it stays small.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from clickhouse_connect.driver.client import Client
 
 from gpumeter.core.grants import GrantRecord
-from gpumeter.infra import claims
+from gpumeter.infra import claims, clickhouse
 from gpumeter.infra.clickhouse import to_decimal
 from gpumeter.infra.schema import GRANTS
 
 MAX_ATTEMPTS = 20
+log = logging.getLogger("gpumeter.grants")
 
 _COLUMNS = ", ".join(column for column in GRANTS.insert_columns if column != "claim")
+
+
+T = TypeVar("T")
+
+
+class GrantsReader(Generic[T]):
+    """The whole of ``quota_grants``, read again on demand and turned into ``fold``'s value
+    (the quota worker, the actuator and the extender fold it with ``quota.grants.fold``).
+
+    A read that fails (ClickHouse away, rows ``fold`` refuses) returns None, so the caller keeps
+    what it read last; each kind of failure is logged once, and the recovery once.
+    """
+
+    def __init__(self, dsn: str, fold: Callable[[list[GrantRecord]], T], what: str = "quota_grants") -> None:
+        self._dsn = dsn
+        self._fold = fold
+        self._what = what
+        self._client: Client | None = None
+        self._failing: str | None = None
+
+    def read(self) -> T | None:
+        try:
+            if self._client is None:
+                self._client = clickhouse.connect(self._dsn, create_database=False)
+            records = read(self._client)
+        except Exception as exc:  # ClickHouse away or the table missing: try again next time
+            self._close()
+            self._failed(f"reading {self._what} failed: {_first_line(exc)}")
+            return None
+        try:
+            folded = self._fold(records)
+        except ValueError as exc:
+            self._failed(f"{self._what} does not add up: {_first_line(exc)}")
+            return None
+        if self._failing is not None:
+            log.warning("%s read again", self._what)
+            self._failing = None
+        return folded
+
+    def close(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def _failed(self, message: str) -> None:
+        if message != self._failing:
+            log.error("%s; the grants read last stay in force", message)
+            self._failing = message
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 class GrantConflict(RuntimeError):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.money import exact
 from gpumeter.core.tenants import TenantPolicy
@@ -161,11 +162,13 @@ class Recoveries:
 
 
 def blocked_after(blocked: Mapping[str, frozenset[str]], event: QuotaEvent,
-                  policy: TenantPolicy | None, now: datetime) -> dict[str, frozenset[str]]:
+                  policy: TenantPolicy | None, now: datetime,
+                  grants: Sequence[Grant] = ()) -> dict[str, frozenset[str]]:
     """Metrics each tenant is blocked on after ``event`` (contract 4: exceeded, not recovered,
-    on_exceed block or preempt); an event the tenants file disagrees with changes nothing."""
+    on_exceed block or preempt); an event the tenants file (and the tenant's ``grants``)
+    disagrees with changes nothing."""
     out = dict(blocked)
-    if distrust(event, policy, now) is not None:
+    if distrust(event, policy, now, grants) is not None:
         return out
     metrics = set(out.get(event.tenant, frozenset()))
     if event.level == "exceeded" and policy is not None and policy.on_exceed in BLOCKING:

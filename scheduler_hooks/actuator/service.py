@@ -85,9 +85,12 @@ from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy
 from gpumeter.core.topics import QUOTA_EVENTS, actuator_group_id
 from gpumeter.infra import kafka as gkafka
+from gpumeter.infra.grants import GrantsReader
+from quota.grants import fold
 from quota.trust import Distrust, distrust
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.evictions import Evictions
+from scheduler_hooks.actuator.grants_source import GrantsSource
 from scheduler_hooks.actuator.kube_gateway import KubeGateway
 from scheduler_hooks.actuator.leader import NotLeading
 from scheduler_hooks.actuator.offsets import OffsetTracker
@@ -151,6 +154,7 @@ class Actuator:
         registry: CollectorRegistry | None = None,
         untrusted: Counter | None = None,
         may_act: Callable[[], bool] = lambda: True,
+        grants: GrantsSource | None = None,
     ) -> None:
         self.settings = settings
         self.may_act = may_act
@@ -171,6 +175,9 @@ class Actuator:
                                             what="the nodes' labels")
         self._namespace_labels = RefreshingCache(self._read_namespace_labels, NAMESPACE_CACHE_SECONDS,
                                                  self._spawn, what="the namespaces' labels")
+        self.grants = grants if grants is not None else GrantsSource(
+            GrantsReader(settings.clickhouse.connection_dsn(), fold), settings.quota.grants_poll_seconds,
+            self._spawn)
         self._tenant_slots = asyncio.Semaphore(TENANT_CONCURRENCY)
         self._chains: dict[str, asyncio.Task[None]] = {}  # tenant -> its latest event's task
         # Below the client's connection pool (10 by default), so no connection is thrown away.
@@ -377,11 +384,16 @@ class Actuator:
         can come after it)."""
         log.debug("quota event %s: %s %s %s", event.event_id[:12], event.tenant, event.metric, event.level)
         policy = self.tenants.current().policy(event.tenant)
-        reason = distrust(event, policy, _now())
+        grants = (await self.grants.get()).get(event.tenant, ())
+        reason = distrust(event, policy, _now(), grants)
+        if reason == "limit_mismatch":
+            # A grant newer than the last read raised the limit this event shows: read again.
+            grants = (await self.grants.get(fresh=True)).get(event.tenant, ())
+            reason = distrust(event, policy, _now(), grants)
         if reason is not None:
             self._ignore(event, reason)
             return
-        self.blocked = blocked_after(self.blocked, event, policy, _now())
+        self.blocked = blocked_after(self.blocked, event, policy, _now(), grants)
         await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position))
 
     def _ignore(self, event: QuotaEvent, reason: Distrust) -> None:

@@ -50,7 +50,7 @@ becoming ready the placement fit tables of the common GPU counts are built (``wa
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -58,6 +58,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter.core import kube
+from gpumeter.core.grants import Grant
 from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.tenants import TenantsFile
@@ -276,6 +277,7 @@ class HooksState:
             protection_namespaces=self.protection_namespaces,
         )
         self._tenants = TenantsFile()
+        self._grants: Mapping[str, Sequence[Grant]] = {}  # quota_grants, folded per tenant
         self._exceeded: dict[str, dict[tuple[str, str], QuotaEvent]] = {}
         self._recovered: dict[str, dict[tuple[str, str], QuotaEvent]] = {}  # the latest after each exceeded
         self._seen_events: set[str] = set()
@@ -328,6 +330,13 @@ class HooksState:
         for tenant in list(self._exceeded) + list(self.blocked):
             self._refresh_blocked(tenant)  # the trust check too: limits may have changed
 
+    def set_grants(self, grants: Mapping[str, Sequence[Grant]]) -> None:
+        """quota_grants read again: the trust check's limits may have changed (a grant that
+        raised a limit is what a worker's ``recovered`` shows), so blocking is decided again."""
+        self._grants = dict(grants)
+        for tenant in list(self._exceeded) + list(self.blocked):
+            self._refresh_blocked(tenant)
+
     def apply_quota_event(self, event: QuotaEvent) -> bool:
         """Fold one event; False when it was seen before (replays) or changes nothing."""
         if event.event_id in self._seen_events:
@@ -363,10 +372,10 @@ class HooksState:
     def exceeded(self, tenant: str) -> list[QuotaEvent]:
         """The tenant's ``exceeded`` events that no trusted ``recovered`` cancelled (whatever
         its on_exceed), metric order."""
-        policy, now = self._tenants.policy(tenant), self.clock()
+        policy, now, grants = self._tenants.policy(tenant), self.clock(), self._grants.get(tenant, ())
         recovered = self._recovered.get(tenant, {})
         events = [event for key, event in self._exceeded.get(tenant, {}).items()
-                  if key not in recovered or distrust(recovered[key], policy, now) is not None]
+                  if key not in recovered or distrust(recovered[key], policy, now, grants) is not None]
         return sorted(events, key=lambda e: (METRIC_ORDER.index(e.metric), e.period))
 
     def _refresh_blocked(self, tenant: str) -> None:
@@ -375,7 +384,9 @@ class HooksState:
         if policy is not None and policy.on_exceed in BLOCKING:
             now = self.clock()
             # distrust also refuses an exceeded of a metric whose limit the file removed.
-            open_metrics = {e.metric for e in self.exceeded(tenant) if distrust(e, policy, now) is None}
+            grants = self._grants.get(tenant, ())
+            open_metrics = {e.metric for e in self.exceeded(tenant)
+                            if distrust(e, policy, now, grants) is None}
             metric = next((m for m in METRIC_ORDER if m in open_metrics), None)
         if metric is None:
             self.blocked.pop(tenant, None)

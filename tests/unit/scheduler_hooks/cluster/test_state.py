@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from scheduler_hooks.cluster.state import (
@@ -163,6 +164,24 @@ def test_a_recovered_from_a_raised_limit_unblocks_once_the_hooks_read_the_raised
     raised = TenantPolicy(tenant="blocker", gpu_hours=Decimal(2), on_exceed="block")
     state.set_tenants(TenantsFile(tenants=[raised]))
     assert state.blocked == {}
+
+
+def test_a_recovered_from_a_grant_unblocks_once_the_hooks_read_the_grant() -> None:
+    state = HooksState(TENANTS, clock=lambda: AT)
+    state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
+    # The worker read grant #1 (+0.5 GPU-hours from Nov 1) first: 1 < 1 + 0.5, recovered.
+    state.apply_quota_event(quota("blocker", "gpu_hours", "recovered", limit="1.5", used="1"))
+    assert state.blocked == {"blocker": "gpu_hours"}  # no grant read yet: the limit disagrees
+    top_up = Grant(key="#1", metric="gpu_hours", amount=Decimal("0.5"),
+                   effective_at=datetime(2026, 11, 1, tzinfo=UTC))
+    state.set_grants({"blocker": [top_up]})
+    assert state.blocked == {}
+    # A grant of another tenant proves nothing for this one.
+    other = HooksState(TENANTS, clock=lambda: AT)
+    other.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
+    other.apply_quota_event(quota("blocker", "gpu_hours", "recovered", limit="1.5", used="1"))
+    other.set_grants({"preempter": [top_up]})
+    assert other.blocked == {"blocker": "gpu_hours"}
 
 
 def pod(uid: str, namespace: str = "ns-a", node: str = "", gpus: int = 1, **extra: Any) -> WatchedPod:
