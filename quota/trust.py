@@ -55,8 +55,13 @@ Distrust = Literal["unknown_tenant", "no_limit", "limit_mismatch", "period_not_c
                    "still_over"]
 
 
-def policy_limit(policy: TenantPolicy, metric: QuotaMetric) -> Decimal | None:
-    """The policy's limit for ``metric`` as quota events carry it (None: no limit)."""
+def policy_limit(policy: TenantPolicy, metric: QuotaMetric, gpu_model: str | None = None) -> Decimal | None:
+    """The policy's limit for ``metric`` (of model key ``gpu_model``) as quota events carry it
+    (None: no limit)."""
+    if gpu_model is not None:
+        by_model: dict[str, Decimal] = getattr(policy, f"{metric}_by_model", {})
+        model_limit = by_model.get(gpu_model)
+        return None if model_limit is None else Decimal(format_value(metric, model_limit))
     limit: Decimal | None = getattr(policy, metric)
     return None if limit is None else Decimal(format_value(metric, limit))
 
@@ -69,7 +74,7 @@ def distrust(event: QuotaEvent, policy: TenantPolicy | None, now: datetime,
         return None
     if policy is None:
         return "unknown_tenant"
-    limit = policy_limit(policy, event.metric)
+    limit = policy_limit(policy, event.metric, event.gpu_model)
     if event.level == "recovered" and limit is None:
         return None  # a removed limit recovers, showing the limit it recovered from
     if limit is None:
@@ -78,7 +83,9 @@ def distrust(event: QuotaEvent, policy: TenantPolicy | None, now: datetime,
         started = period_start(event.period)
     except ValueError:
         started = None
-    every = [*of_file(policy.grants), *grants] if event.metric != "max_gpus" else []
+    # Grants raise tenant-wide limits only, never a per-model one.
+    tenant_wide = event.metric != "max_gpus" and event.gpu_model is None
+    every = [*of_file(policy.grants), *grants] if tenant_wide else []
     if not any(grant.metric == event.metric for grant in every):
         with exact():
             if event.limit != limit:

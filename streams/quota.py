@@ -110,6 +110,7 @@ class RatedLine(BaseModel):
     list_cost: Annotated[Decimal, Field(ge=0)]
     capacity_type: CapacityType = "on-demand"
     priority: int = 0
+    gpu_model: str | None = None
     source_partition: int = -1
     source_offset: int = -1
 
@@ -125,7 +126,7 @@ class RatedLine(BaseModel):
             pod=self.pod, pod_uid=self.pod_uid, window_start=self.window_start.astimezone(UTC),
             window_end=self.window_end.astimezone(UTC), quantity=self.quantity,
             unit_seconds=self.unit_seconds, list_cost=self.list_cost, capacity_type=self.capacity_type,
-            priority=self.priority,
+            priority=self.priority, gpu_model=self.gpu_model,
         )
 
 
@@ -138,7 +139,9 @@ def decode_rated(record: bytes) -> list[RatedLine]:
 
 
 def encode_event(event: QuotaEvent) -> bytes:
-    return event.model_dump_json().encode()
+    # exclude_none drops only gpu_model (every other field is required): a tenant-wide event is
+    # the JSON it always was, which consumers that forbid unknown fields still read.
+    return event.model_dump_json(exclude_none=True).encode()
 
 
 class BadQuotaEvent(ValueError):
@@ -226,7 +229,9 @@ class QuotaProcessor:
 
     def process_record(self, record: bytes) -> list[QuotaEvent]:
         """One rated record: its usages grouped by the samples record they came from."""
-        located = read_usages(record)  # the rating agent's own records, read fast; else RatedLine
+        # The rating agent's own records, read fast; else RatedLine. The fast reader carries no
+        # gpu_model, so while any tenant has per-model limits every record is read with RatedLine.
+        located = None if self._by_model else read_usages(record)
         if located is None:
             located = [(line.source_partition, line.source_offset, line.usage())
                        for line in decode_rated(record)]
@@ -279,6 +284,7 @@ class QuotaProcessor:
 
     def _set_policies(self, policies: TenantsFile) -> None:
         self._policies = {policy.tenant: policy for policy in policies.tenants}
+        self._by_model = any(p.gpu_hours_by_model or p.max_gpus_by_model for p in policies.tenants)
 
     def _process_tenant(
         self, tenant: str, usages: list[Usage], source_partition: int, source_offset: int

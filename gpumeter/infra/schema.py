@@ -218,6 +218,8 @@ QUOTA_EVENTS = Table(
         Column("limit", "Decimal(38, 12)"),
         Column("period", "LowCardinality(String)"),
         Column("at", "DateTime64(6, 'UTC')"),
+        # Amendment "per-model limits": the model key; NULL for tenant-wide metrics.
+        Column("gpu_model", "LowCardinality(Nullable(String))"),
         Column("inserted_at", "DateTime64(3, 'UTC')", default="now64(3)"),
     ),
     # A replay republishes the same deterministic event_id: folded here.
@@ -343,8 +345,13 @@ PIPELINE = SchemaOwner(
             "ALTER TABLE event_ids MODIFY SETTING enable_block_number_column = 1",
         )),
         Migration(9, "quota_grants: numbered, append-only budget grants", (GRANTS.create_sql(),)),
+        # A no-op where migration 3 created the current declaration.
+        Migration(10, "quota_events.gpu_model: the model key of a per-model limit", (
+            "ALTER TABLE quota_events ADD COLUMN IF NOT EXISTS gpu_model LowCardinality(Nullable(String)) "
+            "AFTER at",
+        )),
     ),
-    # What migrations 1 to 9 leave, for a fresh cluster database (the insert deduplication
+    # What migrations 1 to 10 leave, for a fresh cluster database (the insert deduplication
     # windows were set by migration 5). tests/integration/test_cluster_schema.py compares it
     # with a database the migrations built.
     current=(

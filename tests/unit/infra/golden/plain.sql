@@ -103,6 +103,7 @@ CREATE TABLE IF NOT EXISTS quota_events (
     limit Decimal(38, 12),
     period LowCardinality(String),
     at DateTime64(6, 'UTC'),
+    gpu_model LowCardinality(Nullable(String)),
     inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
 )
 ENGINE = ReplacingMergeTree
