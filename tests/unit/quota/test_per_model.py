@@ -9,14 +9,14 @@ from decimal import Decimal
 import pytest
 
 from gpumeter.core.tenants import TenantPolicy, model_key
-from quota.accounting import TenantLedger, apply, blocked, blocked_models, reevaluate, status
+from quota.accounting import TenantLedger, Usage, apply, blocked, blocked_models, reevaluate, status
 from quota.trust import distrust
 from tests.unit.quota.builders import policy, ts, usage
 
 D = Decimal
 
 
-def gpu(event_id: str, start: str, model: str, quantity: str = "1", pod_uid: str = "uid-1") -> object:
+def gpu(event_id: str, start: str, model: str, quantity: str = "1", pod_uid: str = "uid-1") -> Usage:
     return replace(usage(event_id, start, quantity=quantity, pod_uid=pod_uid), gpu_model=model)
 
 
