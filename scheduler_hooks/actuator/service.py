@@ -101,6 +101,7 @@ from scheduler_hooks.actuator.plan import (
     Recoveries,
     Victim,
     blocked_after,
+    notice_metric,
     plan_preemption,
 )
 from scheduler_hooks.actuator.read_ahead import ReadAhead
@@ -403,6 +404,8 @@ class Actuator:
                     reason)
 
     async def _queue_for(self, event: QuotaEvent, policy: TenantPolicy | None) -> None:
+        if event.gpu_model is not None:
+            return  # a tenant's Volcano queue is all its models: a per-model budget leaves it open
         if event.level == "exceeded" and policy is not None and policy.on_exceed in BLOCKING:
             change = await self._queue_io(self.queues.close, event.tenant, event.metric, policy)
             await self._queue_decision(event, change, "queue_closed")
@@ -477,7 +480,7 @@ class Actuator:
         """Call off evictions still waiting for this tenant and metric: it is back under."""
         for pod in await self._tenant_pods(event.tenant):
             notice = pod.notice
-            if (notice is None or pod.deleting or notice.metric != event.metric
+            if (notice is None or pod.deleting or notice.metric != notice_metric(event)
                     or notice.cause.startswith(RECLAIM_PREFIX)):
                 continue
             await self.evictions.withdraw_notice(pod, f"tenant {event.tenant} recovered on {event.metric}")

@@ -388,3 +388,33 @@ def test_pods_bound_to_a_time_sliced_node_take_replicas_until_none_is_left() -> 
     assert {a.pod_uid: a.gpu_indices for a in effective.assignments} == {"three": [0, 0, 0]}
     state.delete_pod("three")
     assert state.placement.free("l4-ts") == 4
+
+
+def test_a_model_budget_refuses_only_nodes_of_that_model() -> None:
+    models = TenantsFile(tenants=[TenantPolicy(
+        tenant="blocker", gpu_hours=Decimal(100), on_exceed="block",
+        gpu_hours_by_model={"H100-": Decimal(3), "H100-PCIE-": Decimal(5)})])
+    state = HooksState(models, clock=lambda: AT)
+    nodes = (("h1", "H100-SXM-80GB"), ("h2", "H100-PCIE-80GB"), ("a1", "A100-SXM-40GB"), ("x", None))
+    for name, model in nodes:
+        labels = {} if model is None else {"nvidia.com/gpu.product": model}
+        node = watched_node({"metadata": {"name": name, "labels": labels}})
+        assert node is not None
+        state.upsert_node(node)
+    over = quota("blocker", "gpu_hours", "exceeded", limit="3", used="3").model_copy(
+        update={"gpu_model": "H100-", "event_id": "h100"})
+    state.apply_quota_event(over)
+    assert state.blocked == {}  # the tenant as a whole is not blocked
+    view = state.view
+    # H100-SXM belongs to H100- (exhausted); H100-PCIE to the longer H100-PCIE- (not); A100 to none.
+    assert view.model_refusal("blocker", "h1") == (
+        "gpumeter: tenant blocker over gpu_hours quota: for H100- GPUs (node h1 has H100-SXM-80GB)")
+    assert [view.model_refusal("blocker", n) for n in ("h2", "a1", "x")] == [None, None, None]
+    assert view.model_refusal("notifier", "h1") is None
+    # A trusted recovered of that key lifts it; a tenant-wide recovered would not.
+    state.apply_quota_event(over.model_copy(update={"event_id": "h100-r", "level": "recovered",
+                                                    "used": Decimal(3), "limit": Decimal(3)}))
+    assert view.model_refusal("blocker", "h1") is not None  # used 3 is not under 3: distrusted
+    state.apply_quota_event(over.model_copy(update={"event_id": "h100-r2", "level": "recovered",
+                                                    "used": Decimal("2.5"), "limit": Decimal(3)}))
+    assert view.model_refusal("blocker", "h1") is None and state.blocked_models == {}
