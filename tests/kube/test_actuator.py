@@ -882,3 +882,40 @@ def test_an_exceeded_cancelled_far_later_in_the_backlog_evicts_nobody(
         watch.close()
     # The queue follows the crossing and its recovery; no pod was noticed or evicted.
     assert decisions(settings) <= {(f"gpumeter-{team}", "queue_closed"), (f"gpumeter-{team}", "queue_opened")}
+
+
+def test_a_recovered_that_a_new_grant_caused_withdraws_the_notices(
+    settings: Settings,
+    cluster: Cluster,
+    gpu_nodes: CreateGpuNodes,
+    start_actuator: Callable[..., ActuatorThread],
+    tmp_path: Path,
+) -> None:
+    """Contract 4 amendment "grants": the recovered carries base + grant; the actuator, whose last
+    read of quota_grants predates the grant (it would read again only in an hour), reads the
+    table afresh before calling the limit a mismatch, and withdraws the notice."""
+    tenant = f"tg-{secrets.token_hex(3)}"
+    tenants = tenants_file(cluster, tmp_path,
+                           {"tenant": tenant, "gpu_hours": "1", "on_exceed": "preempt", "grace_seconds": 600})
+    settings.tenants = tenants
+    settings.quota.grants_poll_seconds = 3600
+    [node] = gpu_nodes(1, gpus_per_node=4)
+    namespace = cluster.namespace(tenant)
+    cluster.pod(namespace, "worker", node=node)
+    eventually(functools.partial(cluster.running, namespace, "worker"), "worker Running")
+    running = start_actuator(tenants)
+
+    def noticed() -> bool:
+        return EVICTION_NOTICE_ANNOTATION in cluster.annotations(namespace, "worker")
+
+    publish(settings, quota_event(tenant, "gpu_hours", "exceeded", limit="1.000000", used="1.500000"))
+    eventually(noticed, "worker noticed")
+    granted = run_cli(settings, "budget", "grant", "--tenant", tenant, "--gpu-hours", "2",
+                      "--effective", period_start(THIS_MONTH).isoformat())
+    assert granted.returncode == 0, granted.stderr
+    # 1.5 < 1 + 2: the worker's recovered shows the limit 3.
+    publish(settings, quota_event(tenant, "gpu_hours", "recovered", limit="3.000000", used="1.500000"))
+    eventually(lambda: not noticed(), "notice withdrawn on the grant's recovery")
+    eventually(lambda: handled_everything(settings), "events handled")
+    assert cluster.alive(namespace, "worker")
+    assert running.actuator.untrusted.labels("limit_mismatch")._value.get() == 0
