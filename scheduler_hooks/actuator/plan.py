@@ -62,6 +62,24 @@ def notice_metric(event: QuotaEvent) -> str:
     return event.metric if event.gpu_model is None else f"{event.metric}:{event.gpu_model}"
 
 
+_CROSSING_REASONS = {"warning": "QuotaWarning", "exceeded": "QuotaExceeded", "recovered": "QuotaRecovered"}
+
+
+def crossing_event(event: QuotaEvent) -> tuple[str, str, bool]:
+    """(reason, message, warning) of the Kubernetes Event a crossing posts on the tenant's
+    namespaces: what a person reads with ``kubectl get events``."""
+    quota = f"{event.metric} quota" + ("" if event.gpu_model is None else f" for {event.gpu_model} GPUs")
+    if event.level == "warning":
+        what = f"reached {event.threshold * 100:f}".rstrip("0").rstrip(".") + "% of its"
+    elif event.level == "exceeded":
+        what = "over its"
+    else:
+        what = "back under its"
+    message = (f"gpumeter: tenant {event.tenant} {what} {quota}: used {event.used} of "
+               f"{event.limit} (period {event.period})")
+    return _CROSSING_REASONS[event.level], message, event.level != "recovered"
+
+
 def notice_reason(event: QuotaEvent, grace_seconds: int) -> str:
     detail = f"used {event.used} of {event.limit}; evicted through the Eviction API after {grace_seconds}s"
     if event.gpu_model is not None:

@@ -101,6 +101,7 @@ from scheduler_hooks.actuator.plan import (
     Recoveries,
     Victim,
     blocked_after,
+    crossing_event,
     notice_metric,
     plan_preemption,
 )
@@ -169,6 +170,7 @@ class Actuator:
         self.max_backoff = settings.hooks.eviction_max_backoff_seconds
         self.blocked: dict[str, frozenset[str]] = {}
         self._handled: set[str] = set()  # event ids planned by this process
+        self._announced: set[str] = set()  # event ids posted as namespace Events by this process
         self.recoveries = Recoveries()
         self.read_ahead = ReadAhead(settings, settings.kafka.topic(QUOTA_EVENTS), self.recoveries)
         self.untrusted = untrusted if untrusted is not None else untrusted_events_counter(registry)
@@ -395,7 +397,19 @@ class Actuator:
             self._ignore(event, reason)
             return
         self.blocked = blocked_after(self.blocked, event, policy, _now(), grants)
-        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position))
+        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position),
+                             self._announce(event))
+
+    async def _announce(self, event: QuotaEvent) -> None:
+        """A Kubernetes Event on each of the tenant's namespaces for a trusted crossing (once per
+        event id in this process; a courtesy, so a replay after a restart may post it again)."""
+        if self.dry_run or event.event_id in self._announced:
+            return
+        self._announced.add(event.event_id)
+        reason, message, warning = crossing_event(event)
+        for namespace in await self._namespaces_of(event.tenant):
+            self._spawn(_in_thread(self._events_pool, self.kube.post_namespace_event, namespace, reason,
+                                   message, warning))
 
     def _ignore(self, event: QuotaEvent, reason: Distrust) -> None:
         self.untrusted.labels(reason).inc()

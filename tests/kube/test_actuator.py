@@ -919,3 +919,53 @@ def test_a_recovered_that_a_new_grant_caused_withdraws_the_notices(
     eventually(lambda: handled_everything(settings), "events handled")
     assert cluster.alive(namespace, "worker")
     assert running.actuator.untrusted.labels("limit_mismatch")._value.get() == 0
+
+
+def test_decisions_are_kubernetes_events_a_person_can_read(
+    settings: Settings,
+    cluster: Cluster,
+    gpu_nodes: CreateGpuNodes,
+    start_actuator: Callable[..., ActuatorThread],
+    tmp_path: Path,
+) -> None:
+    """Issue 33 point 3: the notice and the eviction are Events on the pod (reason, metric, used,
+    limit); warning / exceeded / recovered are Events on each of the tenant's namespaces."""
+    tenant = f"te-{secrets.token_hex(3)}"
+    tenants = tenants_file(cluster, tmp_path,
+                           {"tenant": tenant, "gpu_hours": "10", "on_exceed": "preempt", "grace_seconds": 1})
+    [node] = gpu_nodes(1, gpus_per_node=4)
+    first = cluster.namespace(f"{tenant}-a", tenant)
+    second = cluster.namespace(f"{tenant}-b", tenant)
+    cluster.pod(first, "trainer", node=node)
+    eventually(functools.partial(cluster.running, first, "trainer"), "trainer Running")
+    start_actuator(tenants)
+
+    def events_of(namespace: str, kind: str, name: str) -> dict[str, str]:
+        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+        return {str(e.reason): str(e.message)
+                for e in cluster.core.list_namespaced_event(namespace, field_selector=selector).items}
+
+    warning = quota_event(tenant, "gpu_hours", "warning", limit="10.000000", used="8.000000")
+    warning = warning.model_copy(update={"threshold": Decimal("0.8")})
+    publish(settings, warning, quota_event(tenant, "gpu_hours", "exceeded", limit="10.000000", used="10.5"))
+    eventually(lambda: cluster.gone(first, "trainer"), "trainer evicted")
+    on_pod = events_of(first, "Pod", "trainer")
+    assert on_pod["EvictionNotice"].startswith(
+        f"gpumeter: tenant {tenant} over gpu_hours quota: used 10.5 of 10.000000")
+    assert on_pod["Evicted"].startswith("gpumeter: evicted (Eviction API): gpumeter: tenant")
+    publish(settings, quota_event(tenant, "gpu_hours", "recovered", limit="10.000000", used="9.000000"))
+    eventually(lambda: handled_everything(settings), "events handled")
+    for namespace in (first, second):
+        expected = {
+            "QuotaWarning": f"gpumeter: tenant {tenant} reached 80% of its gpu_hours quota: used 8.000000 of "
+                            f"10.000000 (period {THIS_MONTH})",
+            "QuotaExceeded": f"gpumeter: tenant {tenant} over its gpu_hours quota: used 10.5 of 10.000000 "
+                             f"(period {THIS_MONTH})",
+            "QuotaRecovered": f"gpumeter: tenant {tenant} back under its gpu_hours quota: used 9.000000 of "
+                              f"10.000000 (period {THIS_MONTH})",
+        }
+
+        def posted(namespace: str = namespace, expected: dict[str, str] = expected) -> bool:
+            return events_of(namespace, "Namespace", namespace) == expected
+
+        eventually(posted, f"the crossings posted on {namespace}")

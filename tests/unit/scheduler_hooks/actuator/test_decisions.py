@@ -27,7 +27,7 @@ from scheduler_hooks.actuator.kube_gateway import (
     withdraw_patch,
 )
 from scheduler_hooks.actuator.offsets import OffsetTracker
-from scheduler_hooks.actuator.plan import Recoveries, blocked_after, plan_preemption
+from scheduler_hooks.actuator.plan import Recoveries, blocked_after, crossing_event, plan_preemption
 from scheduler_hooks.actuator.reclaim import excludes_spot, node_allows, plan_spot_reclaim
 from scheduler_hooks.actuator.records import pod_record, queue_record, record_id
 from scheduler_hooks.actuator.tenants_source import TenantsSource
@@ -1114,3 +1114,18 @@ def test_a_model_event_neither_blocks_the_tenant_nor_cancels_a_tenant_wide_one()
     recoveries.observe(model_over.model_copy(update={"level": "recovered", "used": Decimal(9)}), (0, 5))
     assert not recoveries.cancelled(event("gpu_hours"), (0, 1))
     assert recoveries.cancelled(model_over, (0, 1))
+
+
+@pytest.mark.parametrize(("level", "threshold", "model", "expected"), [
+    ("warning", "0.8", None, ("QuotaWarning", "gpumeter: tenant team-a reached 80% of its gpu_hours quota: "
+                                              "used 80 of 100 (period 2026-11)", True)),
+    ("exceeded", "1", "H100-", ("QuotaExceeded", "gpumeter: tenant team-a over its gpu_hours quota for H100- "
+                                                 "GPUs: used 80 of 100 (period 2026-11)", True)),
+    ("recovered", "1", None, ("QuotaRecovered", "gpumeter: tenant team-a back under its gpu_hours quota: "
+                                                "used 80 of 100 (period 2026-11)", False)),
+])
+def test_crossing_events_read_as_sentences(level: str, threshold: str, model: str | None,
+                                           expected: tuple[str, str, bool]) -> None:
+    crossing = event("gpu_hours", level=level, used="80").model_copy(
+        update={"threshold": Decimal(threshold), "gpu_model": model})
+    assert crossing_event(crossing) == expected
