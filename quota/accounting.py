@@ -18,7 +18,7 @@ after a crash) yields the same id, and a later, genuinely new crossing a differe
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -26,10 +26,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import CapacityType, Kind, QuotaEvent, QuotaLevel, QuotaMetric, RatedUsage
 from gpumeter.core.money import CENT, MICRO, SECONDS_PER_HOUR, exact
-from gpumeter.core.tenants import TenantPolicy
+from gpumeter.core.tenants import TenantPolicy, model_key
 from gpumeter.core.validation import DecimalValue, UtcTimestamp
+from quota.grants import limit_at, of_file, previous_period
 from quota.periods import PeriodKind, period_key
 
 METRICS: tuple[QuotaMetric, ...] = ("gpu_hours", "spend", "max_gpus")
@@ -72,6 +74,9 @@ class Usage:
     list_cost: Decimal  # streaming list cost, contract 3.3
     capacity_type: CapacityType = "on-demand"
     priority: int = 0
+    # The sample's GPU model, for per-model limits. ``trusted`` (the native fast path) leaves
+    # it unset: the quota processor reads records with per-model limits in force the slow way.
+    gpu_model: str | None = None
 
     def __post_init__(self) -> None:
         for moment in (self.window_start, self.window_end):
@@ -99,7 +104,7 @@ class Usage:
             "event_id": event_id, "tenant": tenant, "kind": kind, "namespace": namespace, "pod": pod,
             "pod_uid": pod_uid, "window_start": window_start, "window_end": window_end,
             "quantity": quantity, "unit_seconds": unit_seconds, "list_cost": list_cost,
-            "capacity_type": capacity_type, "priority": priority,
+            "capacity_type": capacity_type, "priority": priority, "gpu_model": None,
         })
         return usage
 
@@ -119,6 +124,7 @@ class Usage:
             list_cost=rated.list_cost,
             capacity_type=rated.capacity_type,
             priority=rated.priority,
+            gpu_model=rated.gpu_model,
         )
 
 
@@ -135,6 +141,9 @@ class PeriodTotals(BaseModel):
 
     gpu_unit_seconds: DecimalValue = _ZERO
     list_spend: DecimalValue = _ZERO
+    # gpu unit-seconds by the samples' own gpu_model (not by limit key: a reloaded file may
+    # change the keys, and the totals then still add up under the new ones).
+    gpu_unit_seconds_by_model: dict[str, DecimalValue] = Field(default_factory=dict)
 
 
 class PodWindow(BaseModel):
@@ -145,6 +154,7 @@ class PodWindow(BaseModel):
     window_start: UtcTimestamp
     window_end: UtcTimestamp
     quantity: DecimalValue
+    gpu_model: str | None = None
 
 
 class CrossingState(BaseModel):
@@ -168,6 +178,8 @@ class TenantLedger(BaseModel):
     pods: dict[str, PodWindow] = Field(default_factory=dict)  # by pod_uid
     crossings: dict[QuotaMetric, dict[str, CrossingState]] = Field(default_factory=dict)  # metric -> scope
     recent_event_ids: tuple[str, ...] = ()  # oldest first, at most RECENT_EVENT_IDS
+    # Per-model limits: metric -> model key -> scope -> state (amendment "per-model limits").
+    model_crossings: dict[QuotaMetric, dict[str, dict[str, CrossingState]]] = Field(default_factory=dict)
 
 
 class MetricStatus(BaseModel):
@@ -181,6 +193,7 @@ class MetricStatus(BaseModel):
     limit: Decimal | None
     fraction: Decimal | None  # used / limit to 6 places; None without a positive limit
     state: QuotaState
+    gpu_model: str | None = None  # a per-model limit's key; None: tenant-wide
 
 
 @dataclass(frozen=True)
@@ -196,9 +209,10 @@ def apply(
     policy: TenantPolicy | None,
     now: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> tuple[TenantLedger, list[QuotaEvent]]:
     """Count ``usage`` once (a recently applied event_id is skipped), then evaluate crossings."""
-    return reevaluate(count(ledger, usage), policy, now, stale_seconds)
+    return reevaluate(count(ledger, usage), policy, now, stale_seconds, grants)
 
 
 def count(ledger: TenantLedger, usages: Usage | Iterable[Usage]) -> TenantLedger:
@@ -229,11 +243,14 @@ def reevaluate(
     policy: TenantPolicy | None,
     now: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> tuple[TenantLedger, list[QuotaEvent]]:
     """Crossings as of ``now``: for timer ticks and tenants-file reloads, and after each usage.
 
     Stale pods stop holding GPUs, a new period recovers the old period's exceeded metrics,
-    a raised or removed limit recovers, a lowered one can newly warn or exceed.
+    a raised or removed limit recovers, a lowered one can newly warn or exceed. ``grants``:
+    the tenant's (quota.grants), raising the gpu_hours and spend limits of the period; a grant
+    that takes effect or expires changes the limit like a reloaded file does.
     """
     _check_policy(ledger, policy)
     _require_aware(now)
@@ -244,12 +261,18 @@ def reevaluate(
     for metric in ("gpu_hours", "spend"):
         events += _close_past_periods(ledger, crossings[metric], metric, current, now)
         raw = _raw(ledger, metric, current)
-        events += _evaluate(ledger, crossings[metric], metric, current, current, raw, policy, now)
+        limit = period_limit(ledger, policy, metric, now, grants)
+        events += _evaluate(ledger, crossings[metric], metric, current, current, raw, limit, policy, now)
 
     held = held_gpus(ledger, now, stale_seconds)
-    events += _evaluate(ledger, crossings["max_gpus"], "max_gpus", HELD_SCOPE, current, held, policy, now)
+    events += _evaluate(ledger, crossings["max_gpus"], "max_gpus", HELD_SCOPE, current, held,
+                        _limit(policy, "max_gpus"), policy, now)
 
-    kept_periods = _retained_periods(ledger.periods, crossings)
+    model_crossings = {metric: {key: dict(scopes) for key, scopes in keys.items()}
+                       for metric, keys in ledger.model_crossings.items()}
+    events += _evaluate_models(ledger, model_crossings, policy, current, now, stale_seconds)
+
+    kept_periods = _retained_periods(ledger.periods, crossings, model_crossings)
     updated = ledger.model_copy(update={
         "periods": kept_periods,
         "pods": {uid: pod for uid, pod in ledger.pods.items() if not _stale(pod, now, stale_seconds)},
@@ -257,6 +280,12 @@ def reevaluate(
             metric: {scope: state for scope, state in scopes.items()
                      if scope in (HELD_SCOPE, current) or scope in kept_periods or state.exceeded}
             for metric, scopes in crossings.items() if scopes
+        },
+        "model_crossings": {
+            metric: {key: {scope: state for scope, state in scopes.items()
+                           if scope in (HELD_SCOPE, current) or scope in kept_periods or state.exceeded}
+                     for key, scopes in keys.items() if scopes}
+            for metric, keys in model_crossings.items() if keys
         },
     })
     return updated, events
@@ -267,14 +296,15 @@ def status(
     policy: TenantPolicy | None,
     now: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> list[MetricStatus]:
-    """Each metric's use in the current period (max_gpus: now) against the policy."""
+    """Each metric's use in the current period (max_gpus: now) against the policy and grants."""
     _check_policy(ledger, policy)
     current = period_key(now, _period_kind(policy))
     result = []
     for metric in METRICS:
         raw = held_gpus(ledger, now, stale_seconds) if metric == "max_gpus" else _raw(ledger, metric, current)
-        limit = _limit(policy, metric)
+        limit = period_limit(ledger, policy, metric, now, grants)
         scale = _SCALE[metric]
         with exact():
             used = raw / scale
@@ -290,6 +320,16 @@ def status(
                     state = "warning"
         result.append(MetricStatus(metric=metric, period=current, used=used, limit=limit,
                                    fraction=fraction, state=state))
+    for metric, key, limit in _model_limits(policy):
+        raw = _model_raw(ledger, metric, key, current, now, stale_seconds, policy)
+        scale = _SCALE[metric]
+        with exact():
+            fraction = None if limit <= 0 else (raw / (limit * scale)).quantize(
+                _FRACTION_QUANTUM, rounding=ROUND_HALF_UP)
+            warn = policy is not None and bool(policy.warn_at) and raw >= policy.warn_at[0] * limit * scale
+            state = "exceeded" if raw >= limit * scale else ("warning" if warn else "ok")
+            result.append(MetricStatus(metric=metric, period=current, used=raw / scale, limit=limit,
+                                       fraction=fraction, state=state, gpu_model=key))
     return result
 
 
@@ -303,6 +343,32 @@ def blocked(ledger: TenantLedger, policy: TenantPolicy | None) -> list[QuotaMetr
         if _limit(policy, metric) is not None
         and any(state.exceeded for state in ledger.crossings.get(metric, {}).values())
     ]
+
+
+def period_limit(ledger: TenantLedger, policy: TenantPolicy | None, metric: QuotaMetric, now: datetime,
+                 grants: Sequence[Grant] = ()) -> Decimal | None:
+    """The metric's limit at ``now``: the policy's, raised by the grants in force (quota.grants),
+    whose carried parts need the usage of the period before (kept in the ledger)."""
+    base = _limit(policy, metric)
+    if metric == "max_gpus" or base is None or policy is None:
+        return base
+    file_grants = of_file(policy.grants)
+    every = [*file_grants, *grants] if file_grants else grants
+    if not every:
+        return base
+    before = _raw(ledger, metric, previous_period(period_key(now, policy.period)))
+    with exact():
+        return limit_at(base, every, metric, policy.period, now, before / _SCALE[metric])
+
+
+def blocked_models(ledger: TenantLedger, policy: TenantPolicy | None) -> list[tuple[QuotaMetric, str]]:
+    """(metric, model key) exceeded and not recovered, when on_exceed is block or preempt."""
+    if policy is None or policy.on_exceed not in ("block", "preempt"):
+        return []
+    limits = {(metric, key) for metric, key, _ in _model_limits(policy)}
+    return sorted((metric, key) for metric, keys in ledger.model_crossings.items()
+                  for key, scopes in keys.items()
+                  if (metric, key) in limits and any(state.exceeded for state in scopes.values()))
 
 
 def held_gpus(ledger: TenantLedger, now: datetime, stale_seconds: int = DEFAULT_STALE_SECONDS) -> Decimal:
@@ -336,12 +402,14 @@ def crossing_id(tenant: str, metric: QuotaMetric, scope: str, level: QuotaLevel,
     return hashlib.sha256(f"{tenant}|{metric}|{scope}|{level}|{threshold}|{generation}".encode()).hexdigest()
 
 
-_Hold = tuple[datetime, datetime, Decimal]  # a pod's latest window and the quantity held in it
+# A pod's latest window, the quantity held in it and its GPU model.
+_Hold = tuple[datetime, datetime, Decimal, str | None]
 
 
 def _count(ledger: TenantLedger, usages: list[Usage]) -> TenantLedger:
     """Add ``usages`` (distinct, not counted before) to the period totals and the pods' holds."""
     gpu_seconds: dict[str, Decimal] = {}
+    by_model: dict[str, dict[str, Decimal]] = {}
     spend: dict[str, Decimal] = {}
     keys: dict[datetime, tuple[str, ...]] = {}  # a batch shares few window starts
     holds: dict[str, _Hold] = {}
@@ -357,18 +425,25 @@ def _count(ledger: TenantLedger, usages: list[Usage]) -> TenantLedger:
                 spend[key] = spend.get(key, _ZERO) + usage.list_cost
                 if gpu:
                     gpu_seconds[key] = gpu_seconds.get(key, _ZERO) + usage.unit_seconds
+                    if usage.gpu_model is not None:
+                        models = by_model.setdefault(key, {})
+                        models[usage.gpu_model] = models.get(usage.gpu_model, _ZERO) + usage.unit_seconds
             if gpu:
                 _hold(holds, ledger.pods, usage)
         periods = dict(ledger.periods)
         for key, cost in spend.items():
             totals = periods.get(key, PeriodTotals())
+            models = dict(totals.gpu_unit_seconds_by_model)
+            for model, seconds in by_model.get(key, {}).items():
+                models[model] = models.get(model, _ZERO) + seconds
             periods[key] = PeriodTotals(
                 gpu_unit_seconds=totals.gpu_unit_seconds + gpu_seconds.get(key, _ZERO),
                 list_spend=totals.list_spend + cost,
+                gpu_unit_seconds_by_model=models,
             )
     pods = dict(ledger.pods)
-    for uid, (start, end, quantity) in holds.items():
-        pods[uid] = PodWindow(window_start=start, window_end=end, quantity=quantity)
+    for uid, (start, end, quantity, held_model) in holds.items():
+        pods[uid] = PodWindow(window_start=start, window_end=end, quantity=quantity, gpu_model=held_model)
     recent = (*ledger.recent_event_ids, *(usage.event_id for usage in usages))[-RECENT_EVENT_IDS:]
     return ledger.model_copy(update={"periods": periods, "pods": pods, "recent_event_ids": recent})
 
@@ -378,18 +453,20 @@ def _hold(holds: dict[str, _Hold], stored: Mapping[str, PodWindow], usage: Usage
     latest = holds.get(usage.pod_uid)
     if latest is None and usage.pod_uid in stored:
         pod = stored[usage.pod_uid]
-        latest = (pod.window_start, pod.window_end, pod.quantity)
+        latest = (pod.window_start, pod.window_end, pod.quantity, pod.gpu_model)
     window = (usage.window_start, usage.window_end)
     if latest is not None and window < latest[:2]:
         return  # an older window: billed and counted, but no longer what the pod holds
     quantity = usage.quantity
     if latest is not None and window == latest[:2]:
         quantity += latest[2]
-    holds[usage.pod_uid] = (*window, quantity)
+    model = usage.gpu_model if usage.gpu_model is not None else (latest[3] if latest is not None else None)
+    holds[usage.pod_uid] = (*window, quantity, model)
 
 
 def _close_past_periods(
-    ledger: TenantLedger, scopes: dict[str, CrossingState], metric: QuotaMetric, current: str, now: datetime
+    ledger: TenantLedger, scopes: dict[str, CrossingState], metric: QuotaMetric, current: str, now: datetime,
+    model: str | None = None,
 ) -> list[QuotaEvent]:
     """A new period starts from zero: an exceeded metric of any other period recovers."""
     events = []
@@ -398,8 +475,8 @@ def _close_past_periods(
         if scope == current or not state.exceeded:
             continue
         recovered = _Crossing("recovered", _ONE, state.generation)
-        raw = _raw(ledger, metric, scope)
-        events.append(_event(ledger, metric, scope, scope, recovered, raw, _or_zero(state.limit), now))
+        raw = _raw(ledger, metric, scope) if model is None else _model_seconds(ledger, scope, model, ())
+        events.append(_event(ledger, metric, scope, scope, recovered, raw, _or_zero(state.limit), now, model))
         scopes[scope] = state.model_copy(update={"exceeded": False, "generation": state.generation + 1})
     return events
 
@@ -411,11 +488,12 @@ def _evaluate(
     scope: str,
     period: str,
     raw: Decimal,
+    limit: Decimal | None,
     policy: TenantPolicy | None,
     now: datetime,
+    model: str | None = None,
 ) -> list[QuotaEvent]:
-    """Step one scope's state against the policy's limit; store it in ``scopes``; return events."""
-    limit = _limit(policy, metric)
+    """Step one scope's state against ``limit``; store it in ``scopes``; return events."""
     thresholds = (*(policy.warn_at if policy else ()), _ONE)
     before = scopes.get(scope)
     state, crossings = _step(before, raw, limit, thresholds, _SCALE[metric])
@@ -423,7 +501,8 @@ def _evaluate(
         scopes[scope] = state
     # A removed limit still reports the one it recovered from: an event always has a limit.
     shown_limit = limit if limit is not None else _or_zero(before.limit if before else None)
-    return [_event(ledger, metric, scope, period, crossing, raw, shown_limit, now) for crossing in crossings]
+    return [_event(ledger, metric, scope, period, crossing, raw, shown_limit, now, model)
+            for crossing in crossings]
 
 
 def _step(
@@ -473,12 +552,16 @@ def _event(
     raw: Decimal,
     limit: Decimal,
     now: datetime,
+    model: str | None = None,
 ) -> QuotaEvent:
     threshold = _plain(crossing.threshold)
     with exact():
         used = raw / _SCALE[metric]
+    # A per-model crossing hashes its key with its scope: tenant-wide ids are what they were.
+    hashed_scope = scope if model is None else f"{scope}|model={model}"
     return QuotaEvent(
-        event_id=crossing_id(ledger.tenant, metric, scope, crossing.level, threshold, crossing.generation),
+        event_id=crossing_id(ledger.tenant, metric, hashed_scope, crossing.level, threshold,
+                             crossing.generation),
         tenant=ledger.tenant,
         metric=metric,
         level=crossing.level,
@@ -487,6 +570,7 @@ def _event(
         limit=format_value(metric, limit),
         period=period,
         at=now,
+        gpu_model=model,
     )
 
 
@@ -510,15 +594,79 @@ def _period_kind(policy: TenantPolicy | None) -> PeriodKind:
 
 
 def _retained_periods(
-    periods: dict[str, PeriodTotals], crossings: dict[QuotaMetric, dict[str, CrossingState]]
+    periods: dict[str, PeriodTotals], crossings: dict[QuotaMetric, dict[str, CrossingState]],
+    model_crossings: Mapping[QuotaMetric, Mapping[str, Mapping[str, CrossingState]]] | None = None,
 ) -> dict[str, PeriodTotals]:
     """The newest KEEP_PERIODS keys of each granularity, and any period still exceeded."""
     exceeded = {scope for scopes in crossings.values() for scope, state in scopes.items() if state.exceeded}
+    exceeded |= {scope for keys in (model_crossings or {}).values() for scopes in keys.values()
+                 for scope, state in scopes.items() if state.exceeded}
     # Zero-padded keys of one length sort chronologically as strings.
     months = sorted(key for key in periods if len(key) == 7)[-KEEP_PERIODS:]
     days = sorted(key for key in periods if len(key) == 10)[-KEEP_PERIODS:]
     keep = {*months, *days, *exceeded}
     return {key: totals for key, totals in periods.items() if key in keep}
+
+
+_MODEL_METRICS: tuple[tuple[QuotaMetric, str], ...] = (
+    ("gpu_hours", "gpu_hours_by_model"), ("max_gpus", "max_gpus_by_model"))
+
+
+def _model_limits(policy: TenantPolicy | None) -> list[tuple[QuotaMetric, str, Decimal]]:
+    """(metric, model key, limit) of every per-model limit of the policy."""
+    if policy is None:
+        return []
+    return [(metric, key, limit) for metric, field in _MODEL_METRICS
+            for key, limit in sorted(getattr(policy, field).items())]
+
+
+def _model_seconds(ledger: TenantLedger, period: str, key: str, keys: Iterable[str]) -> Decimal:
+    """gpu unit-seconds of ``period`` on the models ``key`` owns among ``keys`` (longest match;
+    no keys given: every model the key matches, for a period closed under other keys)."""
+    totals = ledger.periods.get(period)
+    if totals is None:
+        return _ZERO
+    every = tuple(keys) or (key,)
+    with exact():
+        return sum((seconds for model, seconds in totals.gpu_unit_seconds_by_model.items()
+                    if model_key(every, model) == key), _ZERO)
+
+
+def _model_raw(ledger: TenantLedger, metric: QuotaMetric, key: str, current: str, now: datetime,
+               stale_seconds: int, policy: TenantPolicy | None) -> Decimal:
+    keys = tuple(getattr(policy, dict(_MODEL_METRICS)[metric]).keys()) if policy is not None else (key,)
+    if metric == "gpu_hours":
+        return _model_seconds(ledger, current, key, keys)
+    with exact():
+        return sum((pod.quantity for pod in ledger.pods.values()
+                    if not _stale(pod, now, stale_seconds)
+                    and model_key(keys or (key,), pod.gpu_model) == key), _ZERO)
+
+
+def _evaluate_models(
+    ledger: TenantLedger,
+    crossings: dict[QuotaMetric, dict[str, dict[str, CrossingState]]],
+    policy: TenantPolicy | None,
+    current: str,
+    now: datetime,
+    stale_seconds: int,
+) -> list[QuotaEvent]:
+    """Per-model limits: each (metric, key) as its own quota, with scopes as the tenant-wide
+    metric has them (the period for gpu_hours, ``held`` for max_gpus). A key the file no
+    longer names has no limit: an exceeded one recovers (``_step``)."""
+    limits = {(metric, key): limit for metric, key, limit in _model_limits(policy)}
+    events: list[QuotaEvent] = []
+    pairs = sorted(set(limits) | {(metric, key) for metric, keys in crossings.items() for key in keys})
+    for metric, key in pairs:
+        scopes = crossings.setdefault(metric, {}).setdefault(key, {})
+        limit = limits.get((metric, key))
+        raw = _model_raw(ledger, metric, key, current, now, stale_seconds, policy)
+        if metric == "gpu_hours":
+            events += _close_past_periods(ledger, scopes, metric, current, now, key)
+            events += _evaluate(ledger, scopes, metric, current, current, raw, limit, policy, now, key)
+        else:
+            events += _evaluate(ledger, scopes, metric, HELD_SCOPE, current, raw, limit, policy, now, key)
+    return events
 
 
 def _stale(pod: PodWindow, now: datetime, stale_seconds: int) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -35,6 +35,7 @@ from typing import Annotated, Literal, Protocol
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpumeter.core.config_files import ConfigError
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import CapacityType, Kind, QuotaEvent, QuotaMetric, RatedUsage
 from gpumeter.core.records import split
 from gpumeter.core.tenants import TenantPolicy, TenantsFile, load_tenants
@@ -109,6 +110,7 @@ class RatedLine(BaseModel):
     list_cost: Annotated[Decimal, Field(ge=0)]
     capacity_type: CapacityType = "on-demand"
     priority: int = 0
+    gpu_model: str | None = None
     source_partition: int = -1
     source_offset: int = -1
 
@@ -124,7 +126,7 @@ class RatedLine(BaseModel):
             pod=self.pod, pod_uid=self.pod_uid, window_start=self.window_start.astimezone(UTC),
             window_end=self.window_end.astimezone(UTC), quantity=self.quantity,
             unit_seconds=self.unit_seconds, list_cost=self.list_cost, capacity_type=self.capacity_type,
-            priority=self.priority,
+            priority=self.priority, gpu_model=self.gpu_model,
         )
 
 
@@ -137,7 +139,9 @@ def decode_rated(record: bytes) -> list[RatedLine]:
 
 
 def encode_event(event: QuotaEvent) -> bytes:
-    return event.model_dump_json().encode()
+    # exclude_none drops only gpu_model (every other field is required): a tenant-wide event is
+    # the JSON it always was, which consumers that forbid unknown fields still read.
+    return event.model_dump_json(exclude_none=True).encode()
 
 
 class BadQuotaEvent(ValueError):
@@ -198,6 +202,7 @@ class QuotaProcessor:
         policies: TenantsFile,
         stale_seconds: int = DEFAULT_STALE_SECONDS,
         monotonic: Callable[[], float] = time.monotonic,
+        grants: Mapping[str, Sequence[Grant]] | None = None,
     ) -> None:
         self.store = store
         self.stale_seconds = stale_seconds
@@ -207,13 +212,26 @@ class QuotaProcessor:
         self._clocks: dict[str, tuple[datetime, float]] = {}
         self._policies: dict[str, TenantPolicy] = {}
         self._set_policies(policies)
+        self._grants: Mapping[str, Sequence[Grant]] = dict(grants or {})
+
+    def grants(self, tenant: str) -> Sequence[Grant]:
+        return self._grants.get(tenant, ())
+
+    def set_grants(self, grants: Mapping[str, Sequence[Grant]]) -> list[QuotaEvent]:
+        """Grants read again (quota.grants.fold of ``quota_grants``): re-evaluate every owned
+        tenant against them. The limit is a function of the whole set, so a grant read twice,
+        or read again after a restart, is never added twice."""
+        self._grants = dict(grants)
+        return self.tick()
 
     def policy(self, tenant: str) -> TenantPolicy | None:
         return self._policies.get(tenant)
 
     def process_record(self, record: bytes) -> list[QuotaEvent]:
         """One rated record: its usages grouped by the samples record they came from."""
-        located = read_usages(record)  # the rating agent's own records, read fast; else RatedLine
+        # The rating agent's own records, read fast; else RatedLine. The fast reader carries no
+        # gpu_model, so while any tenant has per-model limits every record is read with RatedLine.
+        located = None if self._by_model else read_usages(record)
         if located is None:
             located = [(line.source_partition, line.source_offset, line.usage())
                        for line in decode_rated(record)]
@@ -266,6 +284,7 @@ class QuotaProcessor:
 
     def _set_policies(self, policies: TenantsFile) -> None:
         self._policies = {policy.tenant: policy for policy in policies.tenants}
+        self._by_model = any(p.gpu_hours_by_model or p.max_gpus_by_model for p in policies.tenants)
 
     def _process_tenant(
         self, tenant: str, usages: list[Usage], source_partition: int, source_offset: int
@@ -279,7 +298,7 @@ class QuotaProcessor:
             return []
         ledger = count(state.ledger, usages)
         now = self._advance(tenant, state, max(usage.window_end for usage in usages))
-        ledger, events = reevaluate(ledger, self.policy(tenant), now, self.stale_seconds)
+        ledger, events = reevaluate(ledger, self.policy(tenant), now, self.stale_seconds, self.grants(tenant))
         offsets = state.source_offsets
         if guarded:
             offsets = {**offsets, source_partition: source_offset}
@@ -298,7 +317,8 @@ class QuotaProcessor:
         if now is None:
             return []
         self._clocks[tenant] = (now, reading)
-        ledger, events = reevaluate(state.ledger, self.policy(tenant), now, self.stale_seconds)
+        ledger, events = reevaluate(state.ledger, self.policy(tenant), now, self.stale_seconds,
+                                    self.grants(tenant))
         # Unchanged state is not written again: a tick must not flood the changelog.
         if events or ledger != state.ledger:
             self.store.put(tenant, state.model_copy(update={"ledger": ledger, "clock": now}))
@@ -382,6 +402,7 @@ def tenant_status(
     policy: TenantPolicy | None,
     at: datetime,
     stale_seconds: int = DEFAULT_STALE_SECONDS,
+    grants: Sequence[Grant] = (),
 ) -> TenantStatus:
     """Usage against limits as of ``at``, and the tenant's state.
 
@@ -389,7 +410,7 @@ def tenant_status(
     4); otherwise the worst metric state (exceeded > warning > ok).
     """
     ledger = state.ledger if state is not None else TenantLedger(tenant=tenant)
-    metrics = status(ledger, policy, at, stale_seconds)
+    metrics = status(ledger, policy, at, stale_seconds, grants)
     stopped = blocked(ledger, policy)
     overall: TenantState = "blocked" if stopped else _worst({metric.state for metric in metrics})
     return TenantStatus(tenant=tenant, state=overall, on_exceed=policy.on_exceed if policy else None,

@@ -22,8 +22,10 @@ from gpumeter.core.models import QuotaEvent, dead_letter
 from gpumeter.core.settings import Settings
 from gpumeter.core.topics import LEDGER_TABLE, TopicSpec, ledger_changelog_topic
 from gpumeter.infra import kafka as kafka_admin
+from gpumeter.infra.grants import GrantsReader
 from gpumeter.infra.rows import Row
 from gpumeter.infra.schema import QUOTA_EVENTS
+from quota.grants import fold
 from streams.batch_writer import BatchWriter
 from streams.quota import (
     BadQuotaEvent,
@@ -155,7 +157,18 @@ def add_quota(app: faust.App, settings: Settings, rated_topic: Any, quota_topic:
 
     store = TableLedgerStore(ledgers, home, owns)
     watcher = TenantsWatcher(settings.tenants)
-    processor = QuotaProcessor(store, watcher.current, settings.quota.stale_seconds)
+    # Grants come from ClickHouse quota_grants, read again every grants_poll_seconds, rather
+    # than from a Kafka topic: the table is the one record of grants (numbered there), so no
+    # second write can be lost between the two, and a worker restarted after kill -9 reads the
+    # same set again. The limit is a function of the whole set: nothing is applied twice.
+    grants = GrantsReader(settings.clickhouse.connection_dsn(), fold)
+    # Before any record is counted: evaluating a tenant without its grants would announce a
+    # lower limit (an exceeded, then a recovered once they are read).
+    initial = grants.read()
+    if initial is None:
+        raise RuntimeError("quota_grants could not be read at start (see the log line above)")
+    applied = [initial]
+    processor = QuotaProcessor(store, watcher.current, settings.quota.stale_seconds, grants=initial)
     # One step at a time: a tick must not store a ledger whose events a record still awaits.
     lock = asyncio.Lock()
     # Rated records counted into ledgers not stored yet: acknowledged once they are.
@@ -221,6 +234,19 @@ def add_quota(app: faust.App, settings: Settings, rated_topic: Any, quota_topic:
                 return
             policies = watcher.poll()
             await publish(processor.tick() if policies is None else processor.reload(policies))
+            await persist()
+
+    @app.timer(settings.quota.grants_poll_seconds)
+    async def quota_grants() -> None:
+        # Read outside the lock: a slow ClickHouse must not hold rated records back.
+        read = await asyncio.to_thread(grants.read)
+        if read is None or read == applied[0]:
+            return
+        async with lock:
+            if app.rebalancing or app.in_recovery:
+                return  # tried again next time: ``applied`` is still the old set
+            applied[0] = read
+            await publish(processor.set_grants(read))
             await persist()
 
     writer = BatchWriter(lambda rows: sink.store_folded(QUOTA_EVENTS, rows), "quota events",

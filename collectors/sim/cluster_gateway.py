@@ -132,3 +132,7 @@ class SimClusterGateway:
     def post_event(self, pod: Any, reason: str, message: str, warning: bool = False) -> None:
         """An Event on the pod (``pod``: the actuator's PodView), kept for the demo's report."""
         self.events.append(PostedEvent(self.fleet.clock, pod.namespace, pod.name, reason, message, warning))
+
+    def post_namespace_event(self, namespace: str, reason: str, message: str, warning: bool = False) -> None:
+        """An Event on a tenant's namespace (a warning / exceeded / recovered crossing)."""
+        self.events.append(PostedEvent(self.fleet.clock, namespace, "", reason, message, warning))

@@ -41,6 +41,10 @@ PROTECTION_ALLOWED_LABEL = "gpumeter.io/protection-allowed"
 EVICTION_NOTICE_ANNOTATION = "gpumeter.io/eviction-notice"
 BLOCKED_ON_ANNOTATION = "gpumeter.io/blocked-on"  # on a tenant's Volcano queue
 SIDECAR_RESTART_POLICY = "Always"
+# A node's GPU model for per-model limits (contract 4, amendment "per-model limits"): our own
+# label first (an operator's word, in the agent's model names), else GPU feature discovery's.
+GPU_MODEL_LABEL = "gpumeter.io/gpu-model"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 KARPENTER_CAPACITY_LABEL = "karpenter.sh/capacity-type"
 EKS_CAPACITY_LABEL = "eks.amazonaws.com/capacityType"
@@ -144,6 +148,16 @@ def tenant_of_namespace(name: str, labels: Mapping[str, Any] | None = None) -> s
 
 
 # -- capacity type ------------------------------------------------------------------------------
+
+
+def node_gpu_model(labels: Mapping[str, str] | None) -> str | None:
+    """The GPU model a node's labels name (GPU_MODEL_LABEL, else GPU_PRODUCT_LABEL); None: none."""
+    labels = labels or {}
+    for label in (GPU_MODEL_LABEL, GPU_PRODUCT_LABEL):
+        value = labels.get(label)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def capacity_type_of_node(labels: Mapping[str, str] | None) -> CapacityType | None:

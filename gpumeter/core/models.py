@@ -416,6 +416,9 @@ class QuotaEvent(BaseModel):
     limit: DecimalValue
     period: str
     at: UtcTimestamp
+    # Amendment "per-model limits": the model key of a per-model limit (``A100-``); absent for
+    # tenant-wide metrics, and then left out of the JSON, so consumers that predate it read on.
+    gpu_model: str | None = None
 
 
 PreemptionAction = Literal["noticed", "evicted", "pdb_refused", "failed", "dry_run", "queue_closed",

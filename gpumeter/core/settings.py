@@ -186,6 +186,9 @@ class QuotaSettings(BaseModel):
     # How often the tenants file is checked for changes, and quotas re-evaluated without new
     # usage (stale pods, period rollover).
     reload_seconds: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    # How often ClickHouse quota_grants is read again (the worker, the actuator, the extender):
+    # a grant takes effect within about this long.
+    grants_poll_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
 
 
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

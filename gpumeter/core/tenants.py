@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from decimal import Decimal
 from itertools import pairwise
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpumeter.core.config_files import ConfigError, read_yaml, validation_failure
+from gpumeter.core.grants import FileGrant
 from gpumeter.core.validation import TENANT_PATTERN, DecimalValue, NonNegativeDecimal, non_negative_decimal
 
 # [0-9], not \d: \d matches every Unicode digit (pydantic-core's and Python's regex alike).
@@ -18,6 +21,31 @@ PERIOD_PATTERN = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
 Month = Annotated[str, Field(pattern=PERIOD_PATTERN)]
 # The source name of the old per-month ``credits`` allowance in an invoice's credit draws.
 MONTHLY_CREDITS = "monthly"
+# A per-model limit's key: a GPU model (``H100-SXM-80GB``) or a prefix of one ending in ``-``
+# (``A100-``); the longest key that matches a sample's gpu_model owns it.
+MODEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+def model_key(keys: Iterable[str], gpu_model: str | None) -> str | None:
+    """The per-model key that owns ``gpu_model``: the key equal to it, else the longest key
+    ending in ``-`` that it starts with; None when none matches (contract 4, "per-model limits")."""
+    if gpu_model is None:
+        return None
+    best: str | None = None
+    for key in keys:
+        if key == gpu_model:
+            return key
+        if key.endswith("-") and gpu_model.startswith(key) and (best is None or len(key) > len(best)):
+            best = key
+    return best
+
+
+def _model_limits(value: dict[str, Decimal]) -> dict[str, Decimal]:
+    for key in value:
+        if not re.match(MODEL_KEY_PATTERN, key):
+            raise ValueError(f"model key {key!r}: a GPU model (H100-SXM-80GB) or a prefix ending "
+                             "in '-' (A100-)")
+    return value
 
 
 class CommitmentTerm(BaseModel):
@@ -87,6 +115,33 @@ class TenantPolicy(BaseModel):
     credits: non_negative_decimal(2) | None = None  # type: ignore[valid-type]
     commitments: list[CommitmentTerm] = Field(default_factory=list)
     credit_grants: list[CreditGrant] = Field(default_factory=list)
+    # Amendment "grants": GPU-hours or spend added to the period's limit (quota.grants).
+    grants: list[FileGrant] = Field(default_factory=list)
+    # Amendment "per-model limits": by GPU model key (MODEL_KEY_PATTERN, model_key()).
+    gpu_hours_by_model: dict[str, NonNegativeDecimal] = Field(default_factory=dict)
+    max_gpus_by_model: dict[str, NonNegativeDecimal] = Field(default_factory=dict)
+
+    @field_validator("gpu_hours_by_model", "max_gpus_by_model")
+    @classmethod
+    def _model_keys(cls, value: dict[str, Decimal]) -> dict[str, Decimal]:
+        return _model_limits(value)
+
+    @field_validator("grants")
+    @classmethod
+    def _unique_budget_grants(cls, value: list[FileGrant]) -> list[FileGrant]:
+        ids = [grant.id for grant in value]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"grant id listed more than once: {', '.join(duplicates)}")
+        return value
+
+    @model_validator(mode="after")
+    def _grants_raise_a_limit(self) -> TenantPolicy:
+        for index, grant in enumerate(self.grants):
+            if getattr(self, grant.metric) is None:
+                raise ValueError(f"grants[{index}].metric: tenant {self.tenant} has no {grant.metric} limit "
+                                 "for the grant to raise (grants raise a limit, they never create one)")
+        return self
 
     @field_validator("warn_at")
     @classmethod

@@ -218,6 +218,8 @@ QUOTA_EVENTS = Table(
         Column("limit", "Decimal(38, 12)"),
         Column("period", "LowCardinality(String)"),
         Column("at", "DateTime64(6, 'UTC')"),
+        # Amendment "per-model limits": the model key; NULL for tenant-wide metrics.
+        Column("gpu_model", "LowCardinality(Nullable(String))"),
         Column("inserted_at", "DateTime64(3, 'UTC')", default="now64(3)"),
     ),
     # A replay republishes the same deterministic event_id: folded here.
@@ -248,6 +250,31 @@ PREEMPTIONS = Table(
     engine="ReplacingMergeTree",
     order_by="(tenant, record_id)",
     shard_by=BY_TENANT,
+)
+
+# Budget grants (contract 4, amendment "grants"), numbered by claims: gpumeter/infra/grants.py.
+GRANTS_DEDUP_WINDOW = 1000
+
+GRANTS = Table(
+    name="quota_grants",
+    columns=(
+        Column("number", "UInt64", comment="1, 2, 3, ... one row each"),
+        Column("tenant", "LowCardinality(String)"),
+        Column("metric", "LowCardinality(String)", comment="gpu_hours | spend"),
+        Column("amount", "Decimal(38, 6)", comment="hours or money; negative for a correction"),
+        Column("effective_at", "DateTime64(6, 'UTC')"),
+        Column("expires_at", "Nullable(DateTime64(6, 'UTC'))"),
+        Column("rollover", "Bool"),
+        Column("corrects", "Nullable(UInt64)", comment="the grant a correction takes from"),
+        Column("note", "String"),
+        Column("granted_at", "DateTime64(6, 'UTC')"),
+        Column("claim", "String", comment="the writer that took the number"),
+        Column("inserted_at", "DateTime64(3, 'UTC')", default="now64(3)"),
+    ),
+    engine="MergeTree",
+    order_by="number",
+    # Never sharded: one replica set on a cluster, so a claim is decided cluster-wide.
+    dedup_window=GRANTS_DEDUP_WINDOW,
 )
 
 _EVENT_ID_COLUMNS = ", ".join(EVENT_IDS_V5.insert_columns)
@@ -317,13 +344,19 @@ PIPELINE = SchemaOwner(
             "AFTER source_partition",
             "ALTER TABLE event_ids MODIFY SETTING enable_block_number_column = 1",
         )),
+        Migration(9, "quota_grants: numbered, append-only budget grants", (GRANTS.create_sql(),)),
+        # A no-op where migration 3 created the current declaration.
+        Migration(10, "quota_events.gpu_model: the model key of a per-model limit", (
+            "ALTER TABLE quota_events ADD COLUMN IF NOT EXISTS gpu_model LowCardinality(Nullable(String)) "
+            "AFTER at",
+        )),
     ),
-    # What migrations 1 to 8 leave, for a fresh cluster database (the insert deduplication
+    # What migrations 1 to 10 leave, for a fresh cluster database (the insert deduplication
     # windows were set by migration 5). tests/integration/test_cluster_schema.py compares it
     # with a database the migrations built.
     current=(
         replace(RATED_USAGE, dedup_window=INSERT_DEDUP_WINDOW), DEAD_LETTERS,
         replace(USAGE_HOURLY, dedup_window=INSERT_DEDUP_WINDOW), USAGE_HOURLY_VIEW,
-        QUOTA_EVENTS, PREEMPTIONS, EVENT_IDS, EVENT_ID_HASHES, EVENT_ID_HASHES_VIEW,
+        QUOTA_EVENTS, PREEMPTIONS, EVENT_IDS, EVENT_ID_HASHES, EVENT_ID_HASHES_VIEW, GRANTS,
     ),
 )

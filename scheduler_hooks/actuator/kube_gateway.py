@@ -122,6 +122,8 @@ class ClusterGateway(Protocol):
     def patch_pod(self, namespace: str, name: str, body: Any, content_type: str) -> int: ...
     def evict(self, namespace: str, name: str, uid: str) -> tuple[int, bytes]: ...
     def post_event(self, pod: PodView, reason: str, message: str, warning: bool = False) -> None: ...
+    def post_namespace_event(self, namespace: str, reason: str, message: str,
+                             warning: bool = False) -> None: ...
 
 
 
@@ -198,13 +200,25 @@ class KubeGateway:
 
     def post_event(self, pod: PodView, reason: str, message: str, warning: bool = False) -> None:
         """A core/v1 Event on the pod, for ``kubectl describe``; best effort, never raises."""
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name,
+                    "uid": pod.uid}
+        self._post(pod.namespace, f"{pod.name}.", involved, reason, message, warning)
+
+    def post_namespace_event(self, namespace: str, reason: str, message: str, warning: bool = False) -> None:
+        """A core/v1 Event on a namespace (``kubectl get events -n NS``, ``kubectl describe ns``)."""
+        # The API server wants an event's namespace to be its object's: a Namespace is named as
+        # its own namespace here, so the Event lives (and is listed) in the tenant's namespace.
+        involved = {"apiVersion": "v1", "kind": "Namespace", "name": namespace, "namespace": namespace}
+        self._post(namespace, f"{namespace}.", involved, reason, message, warning)
+
+    def _post(self, namespace: str, prefix: str, involved: dict[str, str], reason: str, message: str,
+              warning: bool) -> None:
         now = rfc3339(datetime.now(UTC))
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
-                               "name": pod.name, "uid": pod.uid},
+            "metadata": {"generateName": prefix, "namespace": namespace},
+            "involvedObject": involved,
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
@@ -216,7 +230,8 @@ class KubeGateway:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(pod.namespace, k8s.CoreV1Event.model_validate(event),
+            self.core.create_namespaced_event(namespace, k8s.CoreV1Event.model_validate(event),
                                               _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
         except Exception as exc:  # an Event is a courtesy: failing to post one changes nothing
-            log.debug("could not post event %s on %s: %s", reason, pod.key, exc)
+            log.debug("could not post event %s on %s %s/%s: %s", reason, involved["kind"], namespace,
+                      involved["name"], exc)

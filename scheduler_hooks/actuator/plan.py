@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.money import exact
-from gpumeter.core.tenants import TenantPolicy
+from gpumeter.core.tenants import TenantPolicy, model_key
 from quota.trust import distrust
 from quota.victims import eviction_order, select_victims
 from scheduler_hooks.cluster.kube_objects import Notice, PodView, quota_message
@@ -55,8 +56,34 @@ class PreemptionPlan:
     protected: tuple[PodView, ...]  # pods the order passed over because they are protected
 
 
+def notice_metric(event: QuotaEvent) -> str:
+    """What a notice names as its metric: ``gpu_hours``, or ``gpu_hours:H100-`` for a per-model
+    budget, so a recovery withdraws only notices of its own quota."""
+    return event.metric if event.gpu_model is None else f"{event.metric}:{event.gpu_model}"
+
+
+_CROSSING_REASONS = {"warning": "QuotaWarning", "exceeded": "QuotaExceeded", "recovered": "QuotaRecovered"}
+
+
+def crossing_event(event: QuotaEvent) -> tuple[str, str, bool]:
+    """(reason, message, warning) of the Kubernetes Event a crossing posts on the tenant's
+    namespaces: what a person reads with ``kubectl get events``."""
+    quota = f"{event.metric} quota" + ("" if event.gpu_model is None else f" for {event.gpu_model} GPUs")
+    if event.level == "warning":
+        what = f"reached {event.threshold * 100:f}".rstrip("0").rstrip(".") + "% of its"
+    elif event.level == "exceeded":
+        what = "over its"
+    else:
+        what = "back under its"
+    message = (f"gpumeter: tenant {event.tenant} {what} {quota}: used {event.used} of "
+               f"{event.limit} (period {event.period})")
+    return _CROSSING_REASONS[event.level], message, event.level != "recovered"
+
+
 def notice_reason(event: QuotaEvent, grace_seconds: int) -> str:
     detail = f"used {event.used} of {event.limit}; evicted through the Eviction API after {grace_seconds}s"
+    if event.gpu_model is not None:
+        detail = f"on {event.gpu_model} GPUs {detail}"
     return quota_message(event.tenant, event.metric, detail)
 
 
@@ -70,6 +97,14 @@ def plan_preemption(event: QuotaEvent, policy: TenantPolicy | None, pods: Iterab
     if event.level != "exceeded" or policy is None or policy.on_exceed != "preempt":
         return None
     holding = [p for p in pods if p.holds_gpus and p.tenant == event.tenant]
+    model_limit: Decimal | None = None
+    if event.gpu_model is not None:
+        # A per-model budget: only pods on nodes of the models its key owns (longest match).
+        by_model: dict[str, Decimal] = getattr(policy, f"{event.metric}_by_model", {})
+        if event.gpu_model not in by_model:
+            return None
+        model_limit = by_model[event.gpu_model]
+        holding = [p for p in holding if model_key(tuple(by_model), p.gpu_model) == event.gpu_model]
     ours = {p.uid for p in holding if p.notice is not None and p.notice.cause == event.event_id}
     resumed = [p for p in holding if p.uid in ours and not p.deleting]
     leaving = [p for p in holding if p.deleting or (p.notice is not None and p.uid not in ours)]
@@ -78,7 +113,9 @@ def plan_preemption(event: QuotaEvent, policy: TenantPolicy | None, pods: Iterab
     by_uid = {p.uid: p for p in candidates}
 
     limit: Decimal | None = None
-    if event.metric == "max_gpus":
+    if event.metric == "max_gpus" and event.gpu_model is not None:
+        limit = model_limit
+    elif event.metric == "max_gpus":
         if policy.max_gpus is None:
             return None  # no limit in the file: nothing to bring the tenant back within
         limit = policy.max_gpus
@@ -87,7 +124,7 @@ def plan_preemption(event: QuotaEvent, policy: TenantPolicy | None, pods: Iterab
     chosen = [by_uid[c.uid] for c in select_victims([p.candidate() for p in candidates], held, limit)]
     deadline = now + timedelta(seconds=policy.grace_seconds)
     fresh = Notice(cause=event.event_id, reason=notice_reason(event, policy.grace_seconds), deadline=deadline,
-                   metric=event.metric)
+                   metric=notice_metric(event))
     victims = [Victim(p, p.notice, True) for p in resumed if p.notice is not None]
     victims += [Victim(p, fresh, False) for p in chosen]
     return PreemptionPlan(event.event_id, event.tenant, event.metric, tuple(victims),
@@ -115,11 +152,11 @@ def passed_over(candidates: Sequence[PodView], held: Decimal, limit: Decimal | N
 
 
 Position = tuple[int, int]  # (partition, offset) of an event on the quota events topic
-CrossingKey = tuple[str, str, str]  # (tenant, metric, period)
+CrossingKey = tuple[str, str, str, str]  # (tenant, metric, period, model key or "")
 
 
 def crossing_key(event: QuotaEvent) -> CrossingKey:
-    return (event.tenant, event.metric, event.period)
+    return (event.tenant, event.metric, event.period, event.gpu_model or "")
 
 
 @dataclass
@@ -161,11 +198,14 @@ class Recoveries:
 
 
 def blocked_after(blocked: Mapping[str, frozenset[str]], event: QuotaEvent,
-                  policy: TenantPolicy | None, now: datetime) -> dict[str, frozenset[str]]:
+                  policy: TenantPolicy | None, now: datetime,
+                  grants: Sequence[Grant] = ()) -> dict[str, frozenset[str]]:
     """Metrics each tenant is blocked on after ``event`` (contract 4: exceeded, not recovered,
-    on_exceed block or preempt); an event the tenants file disagrees with changes nothing."""
+    on_exceed block or preempt); an event the tenants file (and the tenant's ``grants``)
+    disagrees with changes nothing."""
     out = dict(blocked)
-    if distrust(event, policy, now) is not None:
+    # A per-model budget blocks pods on its models only (the extender), never the whole tenant.
+    if event.gpu_model is not None or distrust(event, policy, now, grants) is not None:
         return out
     metrics = set(out.get(event.tenant, frozenset()))
     if event.level == "exceeded" and policy is not None and policy.on_exceed in BLOCKING:

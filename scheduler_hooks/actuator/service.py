@@ -85,9 +85,12 @@ from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantPolicy
 from gpumeter.core.topics import QUOTA_EVENTS, actuator_group_id
 from gpumeter.infra import kafka as gkafka
+from gpumeter.infra.grants import GrantsReader
+from quota.grants import fold
 from quota.trust import Distrust, distrust
 from scheduler_hooks.actuator.backoff import backoff_seconds
 from scheduler_hooks.actuator.evictions import Evictions
+from scheduler_hooks.actuator.grants_source import GrantsSource
 from scheduler_hooks.actuator.kube_gateway import ClusterGateway, KubeGateway
 from scheduler_hooks.actuator.leader import NotLeading
 from scheduler_hooks.actuator.offsets import OffsetTracker
@@ -98,6 +101,8 @@ from scheduler_hooks.actuator.plan import (
     Recoveries,
     Victim,
     blocked_after,
+    crossing_event,
+    notice_metric,
     plan_preemption,
 )
 from scheduler_hooks.actuator.read_ahead import ReadAhead
@@ -154,6 +159,7 @@ class Actuator:
         clock: Callable[[], datetime] = _now,
         queues: VolcanoQueues | None = None,
         tick: float | None = None,
+        grants: GrantsSource | None = None,
     ) -> None:
         """``clock``: "now" for the trust check, plans and deadlines; the real clock, always, in
         production (the demo passes its simulated fleet's clock, whose periods are the ones its
@@ -175,6 +181,7 @@ class Actuator:
         self.max_backoff = settings.hooks.eviction_max_backoff_seconds
         self.blocked: dict[str, frozenset[str]] = {}
         self._handled: set[str] = set()  # event ids planned by this process
+        self._announced: set[str] = set()  # event ids posted as namespace Events by this process
         self.recoveries = Recoveries()
         self.read_ahead = ReadAhead(settings, settings.kafka.topic(QUOTA_EVENTS), self.recoveries)
         self.untrusted = untrusted if untrusted is not None else untrusted_events_counter(registry)
@@ -182,6 +189,9 @@ class Actuator:
                                             what="the nodes' labels")
         self._namespace_labels = RefreshingCache(self._read_namespace_labels, NAMESPACE_CACHE_SECONDS,
                                                  self._spawn, what="the namespaces' labels")
+        self.grants = grants if grants is not None else GrantsSource(
+            GrantsReader(settings.clickhouse.connection_dsn(), fold), settings.quota.grants_poll_seconds,
+            self._spawn)
         self._tenant_slots = asyncio.Semaphore(TENANT_CONCURRENCY)
         self._chains: dict[str, asyncio.Task[None]] = {}  # tenant -> its latest event's task
         # Below the client's connection pool (10 by default), so no connection is thrown away.
@@ -388,12 +398,29 @@ class Actuator:
         can come after it)."""
         log.debug("quota event %s: %s %s %s", event.event_id[:12], event.tenant, event.metric, event.level)
         policy = self.tenants.current().policy(event.tenant)
-        reason = distrust(event, policy, self._now())
+        grants = (await self.grants.get()).get(event.tenant, ())
+        reason = distrust(event, policy, self._now(), grants)
+        if reason == "limit_mismatch":
+            # A grant newer than the last read raised the limit this event shows: read again.
+            grants = (await self.grants.get(fresh=True)).get(event.tenant, ())
+            reason = distrust(event, policy, self._now(), grants)
         if reason is not None:
             self._ignore(event, reason)
             return
-        self.blocked = blocked_after(self.blocked, event, policy, self._now())
-        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position))
+        self.blocked = blocked_after(self.blocked, event, policy, self._now(), grants)
+        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position),
+                             self._announce(event))
+
+    async def _announce(self, event: QuotaEvent) -> None:
+        """A Kubernetes Event on each of the tenant's namespaces for a trusted crossing (once per
+        event id in this process; a courtesy, so a replay after a restart may post it again)."""
+        if self.dry_run or event.event_id in self._announced:
+            return
+        self._announced.add(event.event_id)
+        reason, message, warning = crossing_event(event)
+        for namespace in await self._namespaces_of(event.tenant):
+            self._spawn(_in_thread(self._events_pool, self.kube.post_namespace_event, namespace, reason,
+                                   message, warning))
 
     def _ignore(self, event: QuotaEvent, reason: Distrust) -> None:
         self.untrusted.labels(reason).inc()
@@ -402,6 +429,8 @@ class Actuator:
                     reason)
 
     async def _queue_for(self, event: QuotaEvent, policy: TenantPolicy | None) -> None:
+        if event.gpu_model is not None:
+            return  # a tenant's Volcano queue is all its models: a per-model budget leaves it open
         if event.level == "exceeded" and policy is not None and policy.on_exceed in BLOCKING:
             change = await self._queue_io(self.queues.close, event.tenant, event.metric, policy)
             await self._queue_decision(event, change, "queue_closed")
@@ -476,7 +505,7 @@ class Actuator:
         """Call off evictions still waiting for this tenant and metric: it is back under."""
         for pod in await self._tenant_pods(event.tenant):
             notice = pod.notice
-            if (notice is None or pod.deleting or notice.metric != event.metric
+            if (notice is None or pod.deleting or notice.metric != notice_metric(event)
                     or notice.cause.startswith(RECLAIM_PREFIX)):
                 continue
             await self.evictions.withdraw_notice(pod, f"tenant {event.tenant} recovered on {event.metric}")

@@ -41,10 +41,12 @@ from pydantic import ValidationError
 
 from gpumeter.core import topics
 from gpumeter.core.config_files import ConfigError
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.tenants import load_tenants
 from gpumeter.infra import kafka as gkafka
+from gpumeter.infra.grants import GrantsReader
 from scheduler_hooks.cluster import state as sources
 from scheduler_hooks.cluster.state import HooksState, watched_namespace, watched_node, watched_pod
 
@@ -457,6 +459,38 @@ class TenantsFileFeed(Feed):
                 continue
             log.info("tenants file %s reloaded (%d tenants)", self.path, len(tenants.tenants))
             self._post(self.state.set_tenants, tenants)
+
+
+# -- quota_grants -------------------------------------------------------------------------------
+
+
+class GrantsFeed(Feed):
+    """Reads ClickHouse quota_grants every ``every_seconds`` and hands a changed set to the
+    state (the trust check's limits include grants). A failed read keeps the last set: until
+    the first read, a ``recovered`` that a grant caused is not trusted (the tenant stays
+    blocked a little longer, never unblocked by a forged event)."""
+
+    name = "grants"
+
+    def __init__(self, reader: GrantsReader[dict[str, list[Grant]]], state: HooksState, post: Post, *,
+                 every_seconds: float = 1.0) -> None:
+        super().__init__(post)
+        self.reader = reader
+        self.state = state
+        self.every_seconds = every_seconds
+        self._last: dict[str, list[Grant]] | None = None
+
+    def _run_once(self) -> None:
+        try:
+            while True:
+                read = self.reader.read()
+                if read is not None and read != self._last:
+                    self._last = read
+                    self._post(self.state.set_grants, read)
+                if self._stopping.wait(self.every_seconds):
+                    return
+        finally:
+            self.reader.close()
 
 
 def start_all(feeds: Iterable[Feed]) -> None:

@@ -259,6 +259,7 @@ class PodView:
     tolerations: tuple[Toleration, ...] = ()
     unschedulable: bool = False  # PodScheduled=False, reason Unschedulable: the scheduler gave up for now
     gated: bool = False  # schedulingGates present: not the scheduler's to place yet
+    gpu_model: str | None = None  # its node's GPU model (kube.node_gpu_model), for per-model limits
 
     @property
     def key(self) -> str:
@@ -346,6 +347,7 @@ def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str]
         protected=is_protected(annotations, namespace_labels),
         capacity_type=eviction_class(metadata, node_labels),
         deleting=metadata.get("deletionTimestamp") is not None,
+        gpu_model=kube.node_gpu_model(node_labels),
         notice=parse_notice(notice_text),
         notice_text=notice_text if isinstance(notice_text, str) else "",
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},

@@ -50,7 +50,7 @@ becoming ready the placement fit tables of the common GPU counts are built (``wa
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -58,13 +58,14 @@ from decimal import Decimal
 from typing import Any
 
 from gpumeter.core import kube
+from gpumeter.core.grants import Grant
 from gpumeter.core.kube import GPU_RESOURCE
 from gpumeter.core.models import GpuAssignment, NodeAllocation, NodeTopology, QuotaEvent
-from gpumeter.core.tenants import TenantsFile
+from gpumeter.core.tenants import TenantsFile, model_key
 from quota.periods import period_end
 from quota.trust import distrust
 from scheduler_hooks.cluster.kube_json import WireError, gpu_count, pod_gpus
-from scheduler_hooks.cluster.kube_objects import asks_protection, protection_allowed
+from scheduler_hooks.cluster.kube_objects import asks_protection, protection_allowed, quota_message
 from scheduler_hooks.cluster.placement import (
     NodeGpus,
     PlacementIndex,
@@ -116,6 +117,7 @@ class WatchedNode:
     name: str
     capacity_type: str | None = None
     gpus: int | None = None  # allocatable nvidia.com/gpu, None when the node has none listed
+    gpu_model: str | None = None  # kube.node_gpu_model of its labels (per-model limits)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -175,7 +177,8 @@ def watched_node(obj: Mapping[str, Any]) -> WatchedNode | None:
             gpus = gpu_count(allocatable[GPU_RESOURCE], "allocatable")
         except WireError:
             gpus = None
-    return WatchedNode(name, kube.capacity_type_of_node(_labels(meta.get("labels"))), gpus)
+    labels = _labels(meta.get("labels"))
+    return WatchedNode(name, kube.capacity_type_of_node(labels), gpus, kube.node_gpu_model(labels))
 
 
 def _period_over(key: str, now: datetime) -> bool:
@@ -237,6 +240,23 @@ class ClusterView:
     pods: Mapping[str, KnownPod] = field(default_factory=dict)  # uid -> pod
     # Namespaces labelled gpumeter.io/protection-allowed: "true"
     protection_namespaces: AbstractSet[str] = field(default_factory=frozenset)
+    # Per-model limits exhausted: tenant -> the model blocks (metric, key, that metric's keys).
+    blocked_models: Mapping[str, tuple[ModelBlock, ...]] = field(default_factory=dict)
+    node_models: Mapping[str, str] = field(default_factory=dict)  # node -> its GPU model (labels)
+
+    def model_refusal(self, tenant: str, node: str) -> str | None:
+        """The quota message refusing the tenant's GPU pods on ``node`` because the budget of
+        that node's GPU model is exhausted; None when it is not (or the node's model is unknown)."""
+        blocks = self.blocked_models.get(tenant)
+        if not blocks:
+            return None
+        model = self.node_models.get(node)
+        if model is None:
+            return None
+        for block in blocks:
+            if model_key(block.keys, model) == block.key:
+                return quota_message(tenant, block.metric, f"for {block.key} GPUs (node {node} has {model})")
+        return None
 
     def tenant_of(self, namespace: str) -> str:
         """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
@@ -255,6 +275,16 @@ class ClusterView:
         return limit is not None and self.gpus_held.get(tenant, Decimal(0)) > limit
 
 
+@dataclass(frozen=True, slots=True)
+class ModelBlock:
+    """A per-model limit a tenant is blocked on: ``metric`` of model key ``key``, ``keys`` being
+    all that metric's keys in the tenants file (a node's model belongs to the longest match)."""
+
+    metric: str
+    key: str
+    keys: tuple[str, ...]
+
+
 class HooksState:
     """Quota, tenants, pods and placement as the policy reads them (module docstring)."""
 
@@ -268,6 +298,8 @@ class HooksState:
         self.namespace_tenants: dict[str, str] = {}
         self.pods: dict[str, KnownPod] = {}
         self.protection_namespaces: set[str] = set()
+        self.blocked_models: dict[str, tuple[ModelBlock, ...]] = {}
+        self.node_models: dict[str, str] = {}
         self.view = ClusterView(
             placement=self.placement,
             blocked=self.blocked,
@@ -276,10 +308,15 @@ class HooksState:
             namespace_tenants=self.namespace_tenants,
             pods=self.pods,
             protection_namespaces=self.protection_namespaces,
+            blocked_models=self.blocked_models,
+            node_models=self.node_models,
         )
         self._tenants = TenantsFile()
-        self._exceeded: dict[str, dict[tuple[str, str], QuotaEvent]] = {}
-        self._recovered: dict[str, dict[tuple[str, str], QuotaEvent]] = {}  # the latest after each exceeded
+        self._grants: Mapping[str, Sequence[Grant]] = {}  # quota_grants, folded per tenant
+        # Folded by (metric, scope, model key or ""): a per-model crossing is its own quota.
+        self._exceeded: dict[str, dict[tuple[str, str, str], QuotaEvent]] = {}
+        # The latest recovered after each exceeded.
+        self._recovered: dict[str, dict[tuple[str, str, str], QuotaEvent]] = {}
         self._seen_events: set[str] = set()
         self._watched: dict[str, WatchedPod] = {}
         self._by_namespace: dict[str, set[str]] = {}
@@ -327,8 +364,15 @@ class HooksState:
             # on_exceed says: notify only softens what happens to pods already running.
             if policy.max_gpus is not None:
                 self.max_gpus[policy.tenant] = policy.max_gpus
-        for tenant in list(self._exceeded) + list(self.blocked):
+        for tenant in list(self._exceeded) + list(self.blocked) + list(self.blocked_models):
             self._refresh_blocked(tenant)  # the trust check too: limits may have changed
+
+    def set_grants(self, grants: Mapping[str, Sequence[Grant]]) -> None:
+        """quota_grants read again: the trust check's limits may have changed (a grant that
+        raised a limit is what a worker's ``recovered`` shows), so blocking is decided again."""
+        self._grants = dict(grants)
+        for tenant in list(self._exceeded) + list(self.blocked) + list(self.blocked_models):
+            self._refresh_blocked(tenant)
 
     def apply_quota_event(self, event: QuotaEvent) -> bool:
         """Fold one event; False when it was seen before (replays) or changes nothing."""
@@ -338,7 +382,8 @@ class HooksState:
         self.quota_events += 1
         if event.level == "warning":
             return False
-        key = (event.metric, HELD_SCOPE if event.metric == "max_gpus" else event.period)
+        scope = HELD_SCOPE if event.metric == "max_gpus" else event.period
+        key = (event.metric, scope, event.gpu_model or "")
         opened = self._exceeded.get(event.tenant, {})
         recovered = self._recovered.setdefault(event.tenant, {})
         if event.level == "exceeded":
@@ -376,24 +421,37 @@ class HooksState:
     def exceeded(self, tenant: str) -> list[QuotaEvent]:
         """The tenant's ``exceeded`` events that no trusted ``recovered`` cancelled (whatever
         its on_exceed), metric order."""
-        policy, now = self._tenants.policy(tenant), self.clock()
+        policy, now, grants = self._tenants.policy(tenant), self.clock(), self._grants.get(tenant, ())
         recovered = self._recovered.get(tenant, {})
         events = [event for key, event in self._exceeded.get(tenant, {}).items()
-                  if key not in recovered or distrust(recovered[key], policy, now) is not None]
-        return sorted(events, key=lambda e: (METRIC_ORDER.index(e.metric), e.period))
+                  if key not in recovered or distrust(recovered[key], policy, now, grants) is not None]
+        return sorted(events, key=lambda e: (METRIC_ORDER.index(e.metric), e.period, e.gpu_model or ""))
 
     def _refresh_blocked(self, tenant: str) -> None:
         policy = self._tenants.policy(tenant)
         metric = None
+        blocks: list[ModelBlock] = []
         if policy is not None and policy.on_exceed in BLOCKING:
             now = self.clock()
+            grants = self._grants.get(tenant, ())
             # distrust also refuses an exceeded of a metric whose limit the file removed.
-            open_metrics = {e.metric for e in self.exceeded(tenant) if distrust(e, policy, now) is None}
+            trusted = [e for e in self.exceeded(tenant) if distrust(e, policy, now, grants) is None]
+            open_metrics = {e.metric for e in trusted if e.gpu_model is None}
             metric = next((m for m in METRIC_ORDER if m in open_metrics), None)
+            for event in trusted:
+                if event.gpu_model is not None:
+                    keys = tuple(getattr(policy, f"{event.metric}_by_model", {}))
+                    block = ModelBlock(event.metric, event.gpu_model, keys)
+                    if block not in blocks:
+                        blocks.append(block)
         if metric is None:
             self.blocked.pop(tenant, None)
         else:
             self.blocked[tenant] = metric
+        if blocks:
+            self.blocked_models[tenant] = tuple(blocks)
+        else:
+            self.blocked_models.pop(tenant, None)
 
     # -- namespaces --------------------------------------------------------------------------
     def upsert_namespace(self, name: str, tenant: str | None, protection_allowed: bool = False) -> None:
@@ -438,6 +496,10 @@ class HooksState:
     def upsert_node(self, node: WatchedNode) -> None:
         before = self._nodes.get(node.name)
         self._nodes[node.name] = node
+        if node.gpu_model is None:
+            self.node_models.pop(node.name, None)
+        else:
+            self.node_models[node.name] = node.gpu_model
         if before is None or before.gpus != node.gpus:
             self.placement.set_capacity(node.name, node.gpus)
             self._refresh_allocation(node.name)
@@ -446,6 +508,7 @@ class HooksState:
                 self._index_known(self._watched[uid])
 
     def delete_node(self, name: str) -> None:
+        self.node_models.pop(name, None)
         if self._nodes.pop(name, None) is None:
             return
         self.placement.set_capacity(name, None)

@@ -122,6 +122,26 @@ class Policy:
             return FilterResult([], {}, dict.fromkeys(names, refused))
         if pod.gpus <= 0:
             return FilterResult(names, {}, {})
+        tenant = self.view.tenant_of(pod.namespace)
+        if tenant in self.view.blocked_models:
+            return self._filter_models(pod, tenant, names)
+        return self._fit(pod, names)
+
+    def _filter_models(self, pod: PodRequest, tenant: str, names: list[str]) -> FilterResult:
+        """Per-model budgets (contract 4, amendment "per-model limits"): nodes of an exhausted
+        model fail with the reason, as FailedNodes, so the pod may land on another model; only
+        when every node sent is of an exhausted model is it refused everywhere, unresolvable."""
+        exhausted = {name: reason for name in dict.fromkeys(names)
+                     if (reason := self.view.model_refusal(tenant, name)) is not None}
+        if not exhausted:
+            return self._fit(pod, names)
+        rest = [name for name in names if name not in exhausted]
+        if not rest:
+            return FilterResult([], {}, exhausted)
+        fitted = self._fit(pod, rest)
+        return FilterResult(fitted.passed, {**exhausted, **fitted.failed}, fitted.unresolvable)
+
+    def _fit(self, pod: PodRequest, names: list[str]) -> FilterResult:
         # The hot path (5,000 names within a few ms): C-level passes over the fit table of
         # this GPU count (kept current by the placement index), no Python loop per name.
         short = self.view.placement.fit(pod.gpus).short
@@ -201,7 +221,12 @@ class Policy:
 
     # -- Volcano ---------------------------------------------------------------------------
     def predicate(self, pod: PodRequest, node: str) -> tuple[int, str]:
-        """(code, message): 3 with the quota message, 2 when too few GPUs are free, (0, "") ok."""
+        """(code, message): 3 with the quota message, 2 when too few GPUs are free or the node's
+        GPU model is over its budget (another node may do), (0, "") ok."""
+        if pod.gpus > 0 and self.refusal(pod) is None:
+            over_model = self.view.model_refusal(self.view.tenant_of(pod.namespace), node)
+            if over_model is not None:
+                return CODE_UNSCHEDULABLE, over_model
         result = self.filter(pod, [node])
         if node in result.unresolvable:
             return CODE_UNSCHEDULABLE_AND_UNRESOLVABLE, result.unresolvable[node]

@@ -882,3 +882,90 @@ def test_an_exceeded_cancelled_far_later_in_the_backlog_evicts_nobody(
         watch.close()
     # The queue follows the crossing and its recovery; no pod was noticed or evicted.
     assert decisions(settings) <= {(f"gpumeter-{team}", "queue_closed"), (f"gpumeter-{team}", "queue_opened")}
+
+
+def test_a_recovered_that_a_new_grant_caused_withdraws_the_notices(
+    settings: Settings,
+    cluster: Cluster,
+    gpu_nodes: CreateGpuNodes,
+    start_actuator: Callable[..., ActuatorThread],
+    tmp_path: Path,
+) -> None:
+    """Contract 4 amendment "grants": the recovered carries base + grant; the actuator, whose last
+    read of quota_grants predates the grant (it would read again only in an hour), reads the
+    table afresh before calling the limit a mismatch, and withdraws the notice."""
+    tenant = f"tg-{secrets.token_hex(3)}"
+    tenants = tenants_file(cluster, tmp_path,
+                           {"tenant": tenant, "gpu_hours": "1", "on_exceed": "preempt", "grace_seconds": 600})
+    settings.tenants = tenants
+    settings.quota.grants_poll_seconds = 3600
+    [node] = gpu_nodes(1, gpus_per_node=4)
+    namespace = cluster.namespace(tenant)
+    cluster.pod(namespace, "worker", node=node)
+    eventually(functools.partial(cluster.running, namespace, "worker"), "worker Running")
+    running = start_actuator(tenants)
+
+    def noticed() -> bool:
+        return EVICTION_NOTICE_ANNOTATION in cluster.annotations(namespace, "worker")
+
+    publish(settings, quota_event(tenant, "gpu_hours", "exceeded", limit="1.000000", used="1.500000"))
+    eventually(noticed, "worker noticed")
+    granted = run_cli(settings, "budget", "grant", "--tenant", tenant, "--gpu-hours", "2",
+                      "--effective", period_start(THIS_MONTH).isoformat())
+    assert granted.returncode == 0, granted.stderr
+    # 1.5 < 1 + 2: the worker's recovered shows the limit 3.
+    publish(settings, quota_event(tenant, "gpu_hours", "recovered", limit="3.000000", used="1.500000"))
+    eventually(lambda: not noticed(), "notice withdrawn on the grant's recovery")
+    eventually(lambda: handled_everything(settings), "events handled")
+    assert cluster.alive(namespace, "worker")
+    assert running.actuator.untrusted.labels("limit_mismatch")._value.get() == 0
+
+
+def test_decisions_are_kubernetes_events_a_person_can_read(
+    settings: Settings,
+    cluster: Cluster,
+    gpu_nodes: CreateGpuNodes,
+    start_actuator: Callable[..., ActuatorThread],
+    tmp_path: Path,
+) -> None:
+    """Issue 33 point 3: the notice and the eviction are Events on the pod (reason, metric, used,
+    limit); warning / exceeded / recovered are Events on each of the tenant's namespaces."""
+    tenant = f"te-{secrets.token_hex(3)}"
+    tenants = tenants_file(cluster, tmp_path,
+                           {"tenant": tenant, "gpu_hours": "10", "on_exceed": "preempt", "grace_seconds": 1})
+    [node] = gpu_nodes(1, gpus_per_node=4)
+    first = cluster.namespace(f"{tenant}-a", tenant)
+    second = cluster.namespace(f"{tenant}-b", tenant)
+    cluster.pod(first, "trainer", node=node)
+    eventually(functools.partial(cluster.running, first, "trainer"), "trainer Running")
+    start_actuator(tenants)
+
+    def events_of(namespace: str, kind: str, name: str) -> dict[str, str]:
+        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+        return {str(e.reason): str(e.message)
+                for e in cluster.core.list_namespaced_event(namespace, field_selector=selector).items}
+
+    warning = quota_event(tenant, "gpu_hours", "warning", limit="10.000000", used="8.000000")
+    warning = warning.model_copy(update={"threshold": Decimal("0.8")})
+    publish(settings, warning, quota_event(tenant, "gpu_hours", "exceeded", limit="10.000000", used="10.5"))
+    eventually(lambda: cluster.gone(first, "trainer"), "trainer evicted")
+    on_pod = events_of(first, "Pod", "trainer")
+    assert on_pod["EvictionNotice"].startswith(
+        f"gpumeter: tenant {tenant} over gpu_hours quota: used 10.5 of 10.000000")
+    assert on_pod["Evicted"].startswith("gpumeter: evicted (Eviction API): gpumeter: tenant")
+    publish(settings, quota_event(tenant, "gpu_hours", "recovered", limit="10.000000", used="9.000000"))
+    eventually(lambda: handled_everything(settings), "events handled")
+    for namespace in (first, second):
+        expected = {
+            "QuotaWarning": f"gpumeter: tenant {tenant} reached 80% of its gpu_hours quota: used 8.000000 of "
+                            f"10.000000 (period {THIS_MONTH})",
+            "QuotaExceeded": f"gpumeter: tenant {tenant} over its gpu_hours quota: used 10.5 of 10.000000 "
+                             f"(period {THIS_MONTH})",
+            "QuotaRecovered": f"gpumeter: tenant {tenant} back under its gpu_hours quota: used 9.000000 of "
+                              f"10.000000 (period {THIS_MONTH})",
+        }
+
+        def posted(namespace: str = namespace, expected: dict[str, str] = expected) -> bool:
+            return events_of(namespace, "Namespace", namespace) == expected
+
+        eventually(posted, f"the crossings posted on {namespace}")

@@ -30,7 +30,7 @@ import yaml
 from kubernetes import client as k8s
 
 from gpumeter.core import topics
-from gpumeter.core.kube import GPU_RESOURCE, TENANT_LABEL
+from gpumeter.core.kube import GPU_PRODUCT_LABEL, GPU_RESOURCE, TENANT_LABEL
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
@@ -228,6 +228,60 @@ def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(pool: Pool, extender
     pool.create_pod("trainer", gpus=2)
     assert eventually(lambda: pool.bound_node("trainer"), "trainer bound") == nvlink
     assert prioritize_calls(extender) >= 1  # the choice went through our scores
+
+
+def nvlink(a: int, b: int) -> str:
+    return "NV18"
+
+
+def across_sockets(a: int, b: int) -> str:
+    return "SYS"
+
+
+def test_a_pod_that_may_run_on_h100_or_a100_lands_on_a100_when_the_h100_budget_is_spent(
+    pool: Pool, extender: LiveHooks
+) -> None:
+    """Contract 4 amendment "per-model limits" with contract 6: the tenant's H100 budget is
+    exhausted, so the extender fails the H100 nodes (FailedNodes, with the reason) and the
+    scheduler places the pod on the A100 node; a pod that may run on H100 only stays pending."""
+    h100 = pool.gpu_nodes(2, gpus_per_node=8, gpu_model="H100-SXM-80GB", name_prefix="h100")
+    [a100] = pool.gpu_nodes(1, gpus_per_node=8, gpu_model="A100-SXM-80GB", name_prefix="a100")
+    # The agents' records: NVLink on the H100 boxes, PCIe across sockets on the A100 box, so a
+    # 2-GPU pod scores higher on H100 (the control pod shows it) until that budget is spent.
+    for node in [*h100, a100]:
+        record = topology(node, 8, nvlink if node in h100 else across_sockets)
+
+        def feed(record: NodeTopology = record) -> None:
+            extender.state.apply_topology(record)
+
+        extender.call(feed)
+    tenant = "team-models"
+    by_model = {"H100-": Decimal(10), "A100-": Decimal(10)}
+    budgets = TenantsFile(tenants=[TenantPolicy(tenant=tenant, gpu_hours=Decimal(1000), on_exceed="block",
+                                                gpu_hours_by_model=by_model)])
+    extender.call(lambda: extender.state.set_tenants(budgets))
+    pool.core.patch_namespace(pool.namespace, {"metadata": {"labels": {TENANT_LABEL: tenant}}})
+    eventually(lambda: extender.call(lambda: (extender.state.view.tenant_of(pool.namespace),
+                                              extender.state.view.node_models.get(a100)))
+               == (tenant, "A100-SXM-80GB"), "the namespace's tenant and the nodes' models watched")
+    pool.start_scheduler(scheduler_config(f"{extender.url}/kube"))
+
+    pool.create_pod("control", gpus=2)
+    assert eventually(lambda: pool.bound_node("control"), "control bound") in h100
+
+    spent = QuotaEvent(event_id="e2e-h100-spent", tenant=tenant, metric="gpu_hours", level="exceeded",
+                       threshold="1", used="10.5", limit="10", period=THIS_MONTH, at=AT, gpu_model="H100-")
+    extender.call(lambda: extender.state.apply_quota_event(spent))
+    pool.create_pod("trainer", gpus=2)
+    assert eventually(lambda: pool.bound_node("trainer"), "trainer bound") == a100
+
+    only_h100 = pod_manifest("h100-only", gpus=2, pool=pool.namespace)
+    assert only_h100.spec is not None
+    only_h100.spec.node_selector = {POOL_LABEL: pool.namespace, GPU_PRODUCT_LABEL: "H100-SXM-80GB"}
+    pool.core.create_namespaced_pod(pool.namespace, only_h100)
+    message = eventually(lambda: pool.scheduling_failure("h100-only"), "FailedScheduling event")
+    assert f"gpumeter: tenant {tenant} over gpu_hours quota: for H100- GPUs" in message
+    assert pool.bound_node("h100-only") is None
 
 
 @pytest.mark.parametrize("ignorable", [False, True], ids=["ignorable-false", "ignorable-true"])

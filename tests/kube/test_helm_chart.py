@@ -140,7 +140,8 @@ def test_every_pod_is_hardened_and_bounded(values: tuple[Path, ...]) -> None:
 
 
 KAFKA_CLIENTS = {"agent", "worker", "extender", "actuator", "insights"}
-CLICKHOUSE_CLIENTS = {"worker", "api", "insights", "invoice-close", "migrate"}
+# The extender and the actuator read quota_grants (contract 4, amendment "grants").
+CLICKHOUSE_CLIENTS = {"worker", "api", "insights", "invoice-close", "migrate", "extender", "actuator"}
 
 
 @pytest.mark.parametrize("values", VALUES)
@@ -546,8 +547,8 @@ def extender_secrets(directory: Path) -> dict[str, dict[str, bytes]]:
 # kind, component, what it talks to: Kafka, ClickHouse.
 SMOKE = [
     pytest.param("Deployment", "worker", {"kafka", "clickhouse"}, id="worker"),
-    pytest.param("Deployment", "extender", {"kafka"}, id="extender"),
-    pytest.param("Deployment", "actuator", {"kafka"}, id="actuator"),
+    pytest.param("Deployment", "extender", {"kafka", "clickhouse"}, id="extender"),
+    pytest.param("Deployment", "actuator", {"kafka", "clickhouse"}, id="actuator"),
     pytest.param("Deployment", "api", {"clickhouse"}, id="api"),
     pytest.param("CronJob", "insights", {"kafka", "clickhouse"}, id="insights-cronjob"),
     pytest.param("CronJob", "invoice-close", {"clickhouse"}, id="invoice-close-cronjob"),

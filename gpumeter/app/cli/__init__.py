@@ -51,6 +51,7 @@ COMMANDS: dict[str, Command] = {
     "api": Command("api", "run", "the tenant invoice API (HTTP)"),
     "hooks": Command("hooks", "run", "scheduler extender HTTP service and quota actuator"),
     "quota": Command("quota", "run", "tenant quotas: usage against limits"),
+    "budget": Command("budget", "run", "budget grants and top-ups; a tenant's limit, used, remaining"),
 }
 
 

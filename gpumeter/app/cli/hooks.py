@@ -119,8 +119,11 @@ async def _start_extender(settings: Settings, tenants: Any, api: Any, stop: asyn
                           dry_run: bool) -> tuple[asyncio.Task[Any], Any]:
     """The extender's feeds and HTTP server, stopped when ``running`` closes; its readiness task
     and the Prometheus registry its ``/metrics`` serves."""
+    from gpumeter.infra.grants import GrantsReader
+    from quota.grants import fold
     from scheduler_hooks.cluster.feeds import (
         Feed,
+        GrantsFeed,
         KafkaFeed,
         TenantsFileFeed,
         kube_feeds,
@@ -140,6 +143,8 @@ async def _start_extender(settings: Settings, tenants: Any, api: Any, stop: asyn
     if settings.tenants is not None:
         feeds.append(TenantsFileFeed(settings.tenants, state, post,
                                      every_seconds=settings.quota.reload_seconds))
+        feeds.append(GrantsFeed(GrantsReader(settings.clickhouse.connection_dsn(), fold), state, post,
+                                every_seconds=settings.quota.grants_poll_seconds))
     server = HooksServer(state, hooks.listen, ssl_context=ssl_context,
                          keepalive_seconds=hooks.keepalive_seconds)
     try:

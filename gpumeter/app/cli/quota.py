@@ -147,6 +147,7 @@ def _document(entry: TenantStatus) -> dict[str, Any]:
                 "limit": None if metric.limit is None else format_value(metric.metric, metric.limit),
                 "fraction": None if metric.fraction is None else format(metric.fraction, "f"),
                 "state": metric.state,
+                **({"gpu_model": metric.gpu_model} if metric.gpu_model is not None else {}),
             }
             for metric in entry.metrics
         ],
@@ -178,7 +179,8 @@ def _print_table(report: list[TenantStatus]) -> None:
                 entry.tenant if index == 0 else (f"[dim]as of {document['at']}[/]" if index == 1 else ""),
                 f"[{_STYLE[entry.state]}]{entry.state}[/]" if index == 0 else "",
                 # GPUs held are a count now, not a total over the period.
-                metric["metric"], "now" if metric["metric"] == "max_gpus" else metric["period"],
+                metric["metric"] + (f" [{metric['gpu_model']}]" if "gpu_model" in metric else ""),
+                "now" if metric["metric"] == "max_gpus" else metric["period"],
                 metric["used"], metric["limit"] or "-",
                 _percent(metric["fraction"]), f"[{_STYLE[metric['state']]}]{metric['state']}[/]",
             )

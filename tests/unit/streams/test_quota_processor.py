@@ -28,6 +28,7 @@ from streams.quota import (
     QuotaProcessor,
     TenantsWatcher,
     decode_state,
+    encode_event,
     encode_state,
     tenant_status,
 )
@@ -486,3 +487,17 @@ def test_a_state_written_by_this_module_is_what_the_status_reads() -> None:
         ("spend", Decimal("7.50"), Decimal("10.00"), "ok"),
         ("max_gpus", Decimal(0), None, "ok"),  # 20 Nov: the pods' windows are long stale
     ]
+
+
+def test_per_model_limits_read_the_model_of_each_rated_line() -> None:
+    """The native fast reader carries no gpu_model: with a per-model limit in force the processor
+    reads rated records with RatedLine, so the model budget sees every line."""
+    processor = processor_for(tenants({"gpu_hours": 100, "gpu_hours_by_model": {"H100-": 2}}))
+    record = gpus("a", 2, "2026-11-10T00:00:00Z")  # 2 H100-hours: 2 of 2
+    events = processor.process_record(join([usage.model_copy(update={"source_partition": 0,
+                                                                        "source_offset": 1}).model_dump_json()
+                                            .encode() for usage in record]))
+    assert [(e.level, e.gpu_model, str(e.used)) for e in events] == [("exceeded", "H100-", "2.000000")]
+    # A tenant-wide event's JSON has no gpu_model key; a per-model one does.
+    assert "gpu_model" not in json.loads(encode_event(events[0].model_copy(update={"gpu_model": None})))
+    assert json.loads(encode_event(events[0]))["gpu_model"] == "H100-"

@@ -103,6 +103,7 @@ CREATE TABLE IF NOT EXISTS quota_events ON CLUSTER gpumeter_cluster (
     limit Decimal(38, 12),
     period LowCardinality(String),
     at DateTime64(6, 'UTC'),
+    gpu_model LowCardinality(Nullable(String)),
     inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/quota_events', '{replica}')
@@ -157,6 +158,24 @@ ORDER BY id_hash
 SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384;
 
 CREATE MATERIALIZED VIEW IF NOT EXISTS event_id_hashes_mv ON CLUSTER gpumeter_cluster TO event_id_hashes AS SELECT id_hash FROM event_ids;
+
+CREATE TABLE IF NOT EXISTS quota_grants ON CLUSTER gpumeter_cluster (
+    number UInt64 COMMENT '1, 2, 3, ... one row each',
+    tenant LowCardinality(String),
+    metric LowCardinality(String) COMMENT 'gpu_hours | spend',
+    amount Decimal(38, 6) COMMENT 'hours or money; negative for a correction',
+    effective_at DateTime64(6, 'UTC'),
+    expires_at Nullable(DateTime64(6, 'UTC')),
+    rollover Bool,
+    corrects Nullable(UInt64) COMMENT 'the grant a correction takes from',
+    note String,
+    granted_at DateTime64(6, 'UTC'),
+    claim String COMMENT 'the writer that took the number',
+    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/global/{database}/quota_grants', '{shard}-{replica}')
+ORDER BY number
+SETTINGS replicated_deduplication_window = 1000;
 
 CREATE TABLE IF NOT EXISTS invoices ON CLUSTER gpumeter_cluster (
     tenant LowCardinality(String),

@@ -27,7 +27,7 @@ from scheduler_hooks.actuator.kube_gateway import (
     withdraw_patch,
 )
 from scheduler_hooks.actuator.offsets import OffsetTracker
-from scheduler_hooks.actuator.plan import Recoveries, blocked_after, plan_preemption
+from scheduler_hooks.actuator.plan import Recoveries, blocked_after, crossing_event, plan_preemption
 from scheduler_hooks.actuator.reclaim import excludes_spot, node_allows, plan_spot_reclaim
 from scheduler_hooks.actuator.records import pod_record, queue_record, record_id
 from scheduler_hooks.actuator.tenants_source import TenantsSource
@@ -1079,3 +1079,54 @@ def test_a_tenants_file_that_does_not_parse_is_refused_and_the_last_good_one_sta
     assert source.poll() is True
     assert source.current().policy("team-a").max_gpus == Decimal(16)  # type: ignore[union-attr]
     assert source.poll() is False  # unchanged since
+
+
+def on(model: str) -> dict[str, str]:
+    return {"nvidia.com/gpu.product": model}
+
+
+def test_a_model_budget_preempts_only_pods_on_that_model() -> None:
+    rules = TenantPolicy.model_validate({
+        "tenant": TENANT, "on_exceed": "preempt", "grace_seconds": 30,
+        "gpu_hours_by_model": {"H100-": "10", "H100-PCIE-": "10"}, "max_gpus_by_model": {"A100-": "3"}})
+    pods = [pod("h-sxm", 2, node="n1", node_labels=on("H100-SXM-80GB")),
+            pod("h-pcie", 2, node="n2", node_labels=on("H100-PCIE-80GB")),  # the longer key owns it
+            pod("a-1", 2, node="n3", node_labels=on("A100-SXM-40GB")),
+            pod("a-2", 2, node="n3", node_labels=on("A100-SXM-40GB")),
+            pod("unlabelled", 2, node="n4")]
+    over = event("gpu_hours").model_copy(update={"gpu_model": "H100-"})
+    plan = plan_preemption(over, rules, pods, NOW)
+    assert plan is not None and names(v.pod for v in plan.victims) == ["h-sxm"]
+    assert plan.victims[0].notice.metric == "gpu_hours:H100-"
+    # A100-: 4 GPUs held, limit 3 -> one 2-GPU pod goes (4 - 2 = 2 <= 3).
+    held = event("max_gpus", limit="3", used="4").model_copy(update={"gpu_model": "A100-"})
+    plan = plan_preemption(held, rules, pods, NOW)
+    assert plan is not None and len(plan.victims) == 1 and plan.victims[0].pod.name in ("a-1", "a-2")
+    # A key the file does not have evicts nobody.
+    assert plan_preemption(over.model_copy(update={"gpu_model": "L40S-"}), rules, pods, NOW) is None
+
+
+def test_a_model_event_neither_blocks_the_tenant_nor_cancels_a_tenant_wide_one() -> None:
+    rules = TenantPolicy.model_validate({"tenant": TENANT, "on_exceed": "preempt", "gpu_hours": "100",
+                                         "gpu_hours_by_model": {"H100-": "10"}})
+    model_over = event("gpu_hours", limit="10", used="10").model_copy(update={"gpu_model": "H100-"})
+    assert blocked_after({}, model_over, rules, NOW) == {}
+    recoveries = Recoveries()
+    recoveries.observe(model_over.model_copy(update={"level": "recovered", "used": Decimal(9)}), (0, 5))
+    assert not recoveries.cancelled(event("gpu_hours"), (0, 1))
+    assert recoveries.cancelled(model_over, (0, 1))
+
+
+@pytest.mark.parametrize(("level", "threshold", "model", "expected"), [
+    ("warning", "0.8", None, ("QuotaWarning", "gpumeter: tenant team-a reached 80% of its gpu_hours quota: "
+                                              "used 80 of 100 (period 2026-11)", True)),
+    ("exceeded", "1", "H100-", ("QuotaExceeded", "gpumeter: tenant team-a over its gpu_hours quota for H100- "
+                                                 "GPUs: used 80 of 100 (period 2026-11)", True)),
+    ("recovered", "1", None, ("QuotaRecovered", "gpumeter: tenant team-a back under its gpu_hours quota: "
+                                                "used 80 of 100 (period 2026-11)", False)),
+])
+def test_crossing_events_read_as_sentences(level: str, threshold: str, model: str | None,
+                                           expected: tuple[str, str, bool]) -> None:
+    crossing = event("gpu_hours", level=level, used="80").model_copy(
+        update={"threshold": Decimal(threshold), "gpu_model": model})
+    assert crossing_event(crossing) == expected

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpumeter.core.grants import Grant
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
 from scheduler_hooks.cluster.state import (
@@ -163,6 +164,24 @@ def test_a_recovered_from_a_raised_limit_unblocks_once_the_hooks_read_the_raised
     raised = TenantPolicy(tenant="blocker", gpu_hours=Decimal(2), on_exceed="block")
     state.set_tenants(TenantsFile(tenants=[raised]))
     assert state.blocked == {}
+
+
+def test_a_recovered_from_a_grant_unblocks_once_the_hooks_read_the_grant() -> None:
+    state = HooksState(TENANTS, clock=lambda: AT)
+    state.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
+    # The worker read grant #1 (+0.5 GPU-hours from Nov 1) first: 1 < 1 + 0.5, recovered.
+    state.apply_quota_event(quota("blocker", "gpu_hours", "recovered", limit="1.5", used="1"))
+    assert state.blocked == {"blocker": "gpu_hours"}  # no grant read yet: the limit disagrees
+    top_up = Grant(key="#1", metric="gpu_hours", amount=Decimal("0.5"),
+                   effective_at=datetime(2026, 11, 1, tzinfo=UTC))
+    state.set_grants({"blocker": [top_up]})
+    assert state.blocked == {}
+    # A grant of another tenant proves nothing for this one.
+    other = HooksState(TENANTS, clock=lambda: AT)
+    other.apply_quota_event(quota("blocker", "gpu_hours", "exceeded"))
+    other.apply_quota_event(quota("blocker", "gpu_hours", "recovered", limit="1.5", used="1"))
+    other.set_grants({"preempter": [top_up]})
+    assert other.blocked == {"blocker": "gpu_hours"}
 
 
 def pod(uid: str, namespace: str = "ns-a", node: str = "", gpus: int = 1, **extra: Any) -> WatchedPod:
@@ -387,3 +406,33 @@ def test_a_crossing_of_an_ended_period_blocks_no_more_once_refreshed() -> None:
     assert state.blocked == {"blocker": "gpu_hours"}  # nothing asked the state yet
     state.refresh_blocked()
     assert state.blocked == {}
+
+
+def test_a_model_budget_refuses_only_nodes_of_that_model() -> None:
+    models = TenantsFile(tenants=[TenantPolicy(
+        tenant="blocker", gpu_hours=Decimal(100), on_exceed="block",
+        gpu_hours_by_model={"H100-": Decimal(3), "H100-PCIE-": Decimal(5)})])
+    state = HooksState(models, clock=lambda: AT)
+    nodes = (("h1", "H100-SXM-80GB"), ("h2", "H100-PCIE-80GB"), ("a1", "A100-SXM-40GB"), ("x", None))
+    for name, model in nodes:
+        labels = {} if model is None else {"nvidia.com/gpu.product": model}
+        node = watched_node({"metadata": {"name": name, "labels": labels}})
+        assert node is not None
+        state.upsert_node(node)
+    over = quota("blocker", "gpu_hours", "exceeded", limit="3", used="3").model_copy(
+        update={"gpu_model": "H100-", "event_id": "h100"})
+    state.apply_quota_event(over)
+    assert state.blocked == {}  # the tenant as a whole is not blocked
+    view = state.view
+    # H100-SXM belongs to H100- (exhausted); H100-PCIE to the longer H100-PCIE- (not); A100 to none.
+    assert view.model_refusal("blocker", "h1") == (
+        "gpumeter: tenant blocker over gpu_hours quota: for H100- GPUs (node h1 has H100-SXM-80GB)")
+    assert [view.model_refusal("blocker", n) for n in ("h2", "a1", "x")] == [None, None, None]
+    assert view.model_refusal("notifier", "h1") is None
+    # A trusted recovered of that key lifts it; a tenant-wide recovered would not.
+    state.apply_quota_event(over.model_copy(update={"event_id": "h100-r", "level": "recovered",
+                                                    "used": Decimal(3), "limit": Decimal(3)}))
+    assert view.model_refusal("blocker", "h1") is not None  # used 3 is not under 3: distrusted
+    state.apply_quota_event(over.model_copy(update={"event_id": "h100-r2", "level": "recovered",
+                                                    "used": Decimal("2.5"), "limit": Decimal(3)}))
+    assert view.model_refusal("blocker", "h1") is None and state.blocked_models == {}

@@ -11,7 +11,7 @@ import pytest
 
 from scheduler_hooks.cluster.kube_objects import quota_message
 from scheduler_hooks.cluster.placement import PlacementIndex
-from scheduler_hooks.cluster.state import ClusterView, KnownPod
+from scheduler_hooks.cluster.state import ClusterView, KnownPod, ModelBlock
 from scheduler_hooks.extender.policy import (
     ABSTAIN,
     CODE_SUCCESS,
@@ -278,3 +278,43 @@ def test_volcano_victims_drop_protected_and_follow_contract_order() -> None:
     # (a pod with no start time known sorts as the oldest)
     assert ordered == ["spot-1", "blocked-1", "od-new", "od-1", "od-high"]
     assert POLICY.volcano_victims(pod("ml-b", gpus=1), evictees) == []
+
+
+# -- per-model budgets (contract 4, amendment "per-model limits") ----------------------------------
+
+def model_view(*blocks: ModelBlock) -> Policy:
+    base = view()
+    return Policy(ClusterView(
+        placement=base.placement, blocked=base.blocked, max_gpus={}, gpus_held={},
+        namespace_tenants=base.namespace_tenants, pods=KNOWN,
+        protection_namespaces=base.protection_namespaces,
+        blocked_models={"team-a": blocks},
+        node_models={"h100-a": "H100-SXM-80GB", "h100-b": "H100-SXM-80GB", "l40s-a": "L40S-48GB",
+                     "l40s-b": "L40S-48GB"},  # mystery: no model label
+    ))
+
+
+def test_an_exhausted_model_fails_its_nodes_only_so_the_pod_may_land_elsewhere() -> None:
+    policy = model_view(ModelBlock("gpu_hours", "H100-", ("H100-",)))
+    result = policy.filter(pod(gpus=2), NODES)
+    why = "gpumeter: tenant team-a over gpu_hours quota: for H100- GPUs (node {} has H100-SXM-80GB)"
+    # H100 nodes fail with the budget's reason (FailedNodes); l40s-b fails on capacity (1 free);
+    # l40s-a (4 free) and mystery (unknown model and placement) pass.
+    assert result.passed == ["l40s-a", "mystery"]
+    assert result.failed["h100-a"] == why.format("h100-a") and result.failed["h100-b"] == why.format("h100-b")
+    assert set(result.failed) == {"h100-a", "h100-b", "l40s-b"} and result.unresolvable == {}
+    assert policy.predicate(pod(gpus=2), "h100-b") == (CODE_UNSCHEDULABLE, why.format("h100-b"))
+    assert policy.predicate(pod(gpus=2), "l40s-a") == (CODE_SUCCESS, "")
+    # Another tenant's pods and GPU-less pods are untouched.
+    assert policy.filter(pod("research", gpus=2), ["h100-b"]).passed == ["h100-b"]
+    assert policy.filter(pod(gpus=0), ["h100-b"]).passed == ["h100-b"]
+
+
+def test_every_node_sent_of_an_exhausted_model_refuses_the_pod_everywhere() -> None:
+    policy = model_view(ModelBlock("gpu_hours", "H100-", ("H100-",)),
+                        ModelBlock("max_gpus", "L40S-", ("L40S-",)))
+    result = policy.filter(pod(gpus=1), ["h100-a", "l40s-a", "h100-b"])
+    assert result.passed == [] and result.failed == {}
+    assert sorted(result.unresolvable) == ["h100-a", "h100-b", "l40s-a"]
+    assert result.unresolvable["l40s-a"] == (
+        "gpumeter: tenant team-a over max_gpus quota: for L40S- GPUs (node l40s-a has L40S-48GB)")
