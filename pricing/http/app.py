@@ -4,7 +4,9 @@ uvicorn.
 - Every request but ``/healthz`` carries ``Authorization: Bearer <token>``; a missing or unknown
   token is 401. A tenant token sees its own tenant only (access.py).
 - A malformed period, format or paper is 400 with one reason: ``{"error": "..."}`` (errors.py).
-- Invoices (routes_invoices.py) and month-to-date usage (routes_usage.py).
+- Invoices (routes_invoices.py: issued ones from the ledger through an in-process index and
+  rendered-bytes cache, drafts from the hourly rollup) and month-to-date usage (routes_usage.py,
+  the rollup).
 - ``/metrics`` (any valid token: it holds request counts, no tenant data) and ``/openapi.json``.
 """
 
@@ -23,6 +25,8 @@ from pricing.http.access import Authorized
 from pricing.http.auth import Tokens
 from pricing.http.documents import ERRORS
 from pricing.http.errors import install_error_handlers
+from pricing.http.ledger_mirror import LedgerMirror
+from pricing.http.rendered import RenderedCache
 from pricing.http.routes_invoices import invoice_routes
 from pricing.http.routes_usage import usage_routes
 from pricing.issue import Billing
@@ -68,6 +72,6 @@ def create_app(context: Billing, tokens: Tokens) -> FastAPI:
     def openapi(_: Authorized) -> dict[str, Any]:
         return app.openapi()
 
-    app.include_router(invoice_routes(context))
+    app.include_router(invoice_routes(context, LedgerMirror(context.client), RenderedCache()))
     app.include_router(usage_routes(context))
     return app
