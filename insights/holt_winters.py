@@ -115,7 +115,9 @@ def simulate(model: Fitted, horizon: int, simulations: int, seed: int) -> Array:
     One draw of residual positions (from ``seed``) serves every series, so a series' paths do
     not depend on which other series share the batch.
     """
-    positions = np.random.default_rng(seed).integers(0, model.residuals.shape[1], size=(horizon, simulations))
+    # The positions statsmodels drew (``RandomState(seed).choice`` of the residuals), so that
+    # intervals and their backtest coverage are the ones the forecasts had before.
+    positions = np.random.RandomState(seed).randint(0, model.residuals.shape[1], size=(horizon, simulations))
     return paths(model, np.take(model.residuals, positions, axis=1))
 
 

@@ -55,7 +55,10 @@ def _statsmodels(series: np.ndarray, horizon: int, errors: np.ndarray) -> tuple[
             damping_trend=WEIGHTS.phi, optimized=False)
         paths = fitted.simulate(horizon, repetitions=errors.shape[1], error="add", random_errors=errors,
                                 anchor="end")
-    return np.asarray(fitted.resid), np.asarray(fitted.forecast(horizon)), np.asarray(paths)
+        drawn = fitted.simulate(horizon, repetitions=7, error="add", random_errors="bootstrap",
+                                random_state=5, anchor="end")
+    return (np.asarray(fitted.resid), np.asarray(fitted.forecast(horizon)), np.asarray(paths),
+            np.asarray(drawn).reshape(horizon, 7))
 
 
 @pytest.mark.parametrize("length", [16, 19, 30, 77])
@@ -67,11 +70,14 @@ def test_fits_forecasts_and_simulations_are_statsmodels(length: int) -> None:
     model = hw.fit(days, WEIGHTS, 7)
     ahead = hw.point(model, 24)
     paths = hw.paths(model, errors)
+    bootstrapped = hw.simulate(model, 24, 7, seed=5)
     for n in range(4):
-        residuals, forecast, simulated = _statsmodels(days[n], 24, errors[n])
+        residuals, forecast, simulated, drawn = _statsmodels(days[n], 24, errors[n])
         assert np.allclose(model.residuals[n], residuals, rtol=0, atol=1e-9)
         assert np.allclose(ahead[n], forecast, rtol=0, atol=1e-9)
         assert np.allclose(paths[n], simulated, rtol=0, atol=1e-9)
+        # The same residuals drawn: statsmodels' seeded bootstrap, position for position.
+        assert np.allclose(bootstrapped[n], drawn, rtol=0, atol=1e-9)
 
 
 def test_simulated_errors_are_the_series_own_residuals_drawn_alike_for_every_series() -> None:
