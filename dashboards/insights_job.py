@@ -32,8 +32,9 @@ from insights.forecast import (
     History,
     Metric,
     QuotaLimit,
+    Wanted,
     floor_hour,
-    forecast_tenant,
+    forecast_many,
 )
 from insights.idle import GpuWindow, IdleAdvice, IdleRule, find_idle
 from insights.tables import ADVICE, FORECASTS, INSIGHT_RUNS
@@ -133,14 +134,14 @@ def quota_for(policies: TenantsFile, tenant: str, metric: Metric) -> QuotaLimit 
 
 
 def forecast_all(histories: Sequence[History], origin: datetime, policies: TenantsFile) -> list[Forecast]:
-    forecasts = []
+    """Every history's forecast; histories of one length (all that end at ``origin`` and start
+    alike) are backtested and fitted together (insights.forecast.forecast_many)."""
+    wanted = []
     for history in histories:
         policy = policies.policy(history.tenant)
         commitment = policy.commitment if policy is not None and history.metric == "spend" else None
-        quota = quota_for(policies, history.tenant, history.metric)
-        forecasts.append(forecast_tenant(history, origin, quota=quota,
-                                         commitment=commitment))
-    return forecasts
+        wanted.append(Wanted(history, quota_for(policies, history.tenant, history.metric), commitment))
+    return forecast_many(wanted, origin)
 
 
 def forecast_rows(forecasts: Sequence[Forecast]) -> list[tuple[Any, ...]]:

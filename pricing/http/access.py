@@ -22,7 +22,7 @@ PeriodPath = Annotated[str, Path(pattern=PERIOD_PATTERN, description="YYYY-MM (U
 _BEARER = HTTPBearer(auto_error=False, description="a token whose SHA-256 digest is in the tokens file")
 
 
-def _caller(request: Request,
+async def _caller(request: Request,
             credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> Caller:
     if credentials is None or not credentials.credentials:
         raise ApiError(401, "missing bearer token (Authorization: Bearer <token>)")
@@ -33,10 +33,12 @@ def _caller(request: Request,
     return found
 
 
+# Both dependencies are async: they never block (a digest and a dict look-up), and a sync
+# dependency would cost every request a hop to the thread pool.
 Authorized = Annotated[Caller, Depends(_caller)]
 
 
-def _tenant_scope(tenant: Annotated[str, Path(description="tenant name", examples=["team-a"])],
+async def _tenant_scope(tenant: Annotated[str, Path(description="tenant name", examples=["team-a"])],
                   who: Authorized) -> str:
     # Checked before anything else about the request, so nothing hints at another tenant.
     if not who.may_see(tenant) or not _is_tenant(tenant):

@@ -4,7 +4,9 @@ uvicorn.
 - Every request but ``/healthz`` carries ``Authorization: Bearer <token>``; a missing or unknown
   token is 401. A tenant token sees its own tenant only (access.py).
 - A malformed period, format or paper is 400 with one reason: ``{"error": "..."}`` (errors.py).
-- Invoices (routes_invoices.py) and month-to-date usage (routes_usage.py).
+- Invoices (routes_invoices.py: issued ones from the ledger through an in-process index and
+  rendered-bytes cache, drafts from the hourly rollup) and month-to-date usage (routes_usage.py,
+  the rollup).
 - ``/metrics`` (any valid token: it holds request counts, no tenant data) and ``/openapi.json``.
 - Requests per token are limited (ratelimit.py): beyond the limit 429 with ``Retry-After``.
   Requests without a valid token are limited per client address (a 401 flood is limited too);
@@ -26,7 +28,9 @@ from pricing.http.access import Authorized
 from pricing.http.auth import Tokens, digest
 from pricing.http.documents import ERRORS
 from pricing.http.errors import install_error_handlers
+from pricing.http.ledger_mirror import LedgerMirror
 from pricing.http.ratelimit import RateLimiter
+from pricing.http.rendered import RenderedCache
 from pricing.http.routes_invoices import invoice_routes
 from pricing.http.routes_usage import usage_routes
 from pricing.issue import Billing
@@ -90,7 +94,7 @@ def create_app(context: Billing, tokens: Tokens, limiter: RateLimiter | None = N
     def openapi(_: Authorized) -> dict[str, Any]:
         return app.openapi()
 
-    app.include_router(invoice_routes(context))
+    app.include_router(invoice_routes(context, LedgerMirror(context.client), RenderedCache()))
     app.include_router(usage_routes(context))
     return app
 

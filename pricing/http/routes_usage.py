@@ -1,4 +1,5 @@
-"""``/v1/tenants/{tenant}/usage``: month-to-date usage and streaming list cost."""
+"""``/v1/tenants/{tenant}/usage``: month-to-date usage and streaming list cost, from the hourly
+rollup (one row per tenant-hour-line) rather than the samples."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gpumeter.core.tenants import PERIOD_PATTERN
 from pricing import store
 from pricing.http.access import Scoped
 from pricing.http.documents import ERRORS, UsageDocument
+from pricing.invoice import LineKey
 from pricing.issue import Billing
 
 
@@ -30,20 +32,29 @@ def usage_routes(context: Billing) -> APIRouter:
         commitments and credits), each sample once."""
         now = datetime.now(UTC)
         month = period or f"{now.year:04d}-{now.month:02d}"
-        lines = store.usage_to_date(context.client, tenant, month)
-        total = sum((cost for _, _, cost, _, _ in lines), Decimal(0))
+        lines = store.rollup_usage_to_date(context.client, tenant, month)
+        total = sum((cost for _, _, cost, _ in lines), Decimal(0))
         with exact():
             documents = [{
                 "rate_card": key.rate_card, "kind": key.kind, "gpu_model": key.gpu_model,
                 "mig_profile": key.mig_profile, "capacity_type": key.capacity_type,
                 "quantity": format_quantity(seconds / 3600), "list_cost": format_money(cost),
                 "samples": count,
-            } for key, seconds, cost, _, count in lines]
-        currencies = sorted({currency for *_, currency, _ in lines})
+            } for key, seconds, cost, count in lines]
+        currencies = {_currency(context, key) for key, *_ in lines}
         return JSONResponse({
             "tenant": tenant, "period": month, "as_of": now.isoformat(timespec="seconds"),
-            "currency": currencies[0] if len(currencies) == 1 else None, "lines": documents,
+            "currency": next(iter(currencies)) if len(currencies) == 1 else None, "lines": documents,
             "list_cost": format_money(total),
         })
 
     return router
+
+
+def _currency(context: Billing, key: LineKey) -> str | None:
+    """The currency of the card that rated the line (the rollup does not store it); None for a
+    card no longer loaded, which leaves the document's currency unstated."""
+    try:
+        return context.cards.by_version(key.rate_card).currency
+    except KeyError:
+        return None
