@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -189,6 +190,12 @@ class QuotaSettings(BaseModel):
     # How often ClickHouse quota_grants is read again (the worker, the actuator, the extender):
     # a grant takes effect within about this long.
     grants_poll_seconds: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    # The delays `gpumeter quota status` states a preempt tenant's overshoot bound with
+    # (quota/overshoot.py): the agent's sample window (GPUMETER_AGENT_INTERVAL) and the
+    # pipeline's p99 from a crossing sample to the eviction request, as measured by
+    # benchmarks/quota_latency.py on the operator's own deployment.
+    window_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
+    pipeline_lag_seconds: Annotated[Decimal, Field(ge=0, le=3600)] = Decimal(1)
 
 
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

@@ -214,7 +214,8 @@ def test_quota_crossings_once_each_through_a_worker_kill(
     assert status["alpha"]["state"] == "blocked"  # on_exceed: block, exceeded and not recovered
     assert status["alpha"]["blocked"] == ["gpu_hours"]
     assert gpu_hours(status["alpha"]) == {"metric": "gpu_hours", "period": "2026-11", "used": "11.000000",
-                                          "limit": "10.000000", "fraction": "1.100000", "state": "exceeded"}
+                                          "limit": "10.000000", "fraction": "1.100000", "state": "exceeded",
+                                          "overshoot_bound": None}  # block: no bound stated
     assert status["beta"]["state"] == "exceeded"  # on_exceed: notify never blocks
     assert gpu_hours(status["beta"])["used"] == "5.000000"
     table = run_cli(settings, "quota", "status")
@@ -244,7 +245,8 @@ def test_quota_crossings_once_each_through_a_worker_kill(
     assert gpu_hours(november["beta"])["used"] == "5.000000"
     december = quota_status(settings)
     assert gpu_hours(december["alpha"]) == {"metric": "gpu_hours", "period": "2026-12", "used": "1.000000",
-                                            "limit": "10.000000", "fraction": "0.100000", "state": "ok"}
+                                            "limit": "10.000000", "fraction": "0.100000", "state": "ok",
+                                            "overshoot_bound": None}
     assert december["alpha"]["state"] == "ok" and december["beta"]["state"] == "ok"
 
 

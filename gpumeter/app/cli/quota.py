@@ -26,6 +26,7 @@ from gpumeter.core.tenants import load_tenants
 from gpumeter.core.topics import ledger_changelog_topic
 from gpumeter.core.validation import TENANT_PATTERN
 from quota.accounting import format_value
+from quota.overshoot import EnforcementDelays, overshoot_bound
 from streams.quota import (
     BadState,
     LedgerState,
@@ -71,10 +72,13 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         state = states.get(name)
         moment = at or (state.clock if state is not None and state.clock is not None else fallback)
         report.append(tenant_status(name, state, policies.policy(name), moment, settings.quota.stale_seconds))
+    delays = EnforcementDelays(Decimal(settings.quota.window_seconds), settings.quota.pipeline_lag_seconds)
+    grace = {policy.tenant: policy.grace_seconds for policy in policies.tenants}
+    documents = [_document(entry, delays, grace.get(entry.tenant, 0)) for entry in report]
     if args.json:
-        print(json.dumps({"tenants": [_document(entry) for entry in report]}, indent=2))
+        print(json.dumps({"tenants": documents}, indent=2))
     else:
-        _print_table(report)
+        _print_table(report, documents)
     return 0
 
 
@@ -132,7 +136,14 @@ def _read_states(settings: Settings, topic: str) -> dict[str, LedgerState]:
     return states
 
 
-def _document(entry: TenantStatus) -> dict[str, Any]:
+def _document(entry: TenantStatus, delays: EnforcementDelays, grace_seconds: int) -> dict[str, Any]:
+    held = next((metric.used for metric in entry.metrics
+                 if metric.metric == "max_gpus" and metric.gpu_model is None), Decimal(0))
+
+    def bound(metric: str) -> str | None:
+        hours = overshoot_bound(metric, entry.on_exceed, held, grace_seconds, delays)
+        return None if hours is None else format_value("gpu_hours", hours)
+
     return {
         "tenant": entry.tenant,
         "state": entry.state,
@@ -147,6 +158,8 @@ def _document(entry: TenantStatus) -> dict[str, Any]:
                 "limit": None if metric.limit is None else format_value(metric.metric, metric.limit),
                 "fraction": None if metric.fraction is None else format(metric.fraction, "f"),
                 "state": metric.state,
+                # GPU-hours past the limit before enforcement ends (null: no bound stated).
+                "overshoot_bound": bound(metric.metric),
                 **({"gpu_model": metric.gpu_model} if metric.gpu_model is not None else {}),
             }
             for metric in entry.metrics
@@ -163,17 +176,16 @@ def _percent(fraction: str | None) -> str:
     return f"{(Decimal(fraction) * 100).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}%"
 
 
-def _print_table(report: list[TenantStatus]) -> None:
+def _print_table(report: list[TenantStatus], documents: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="quota status")
     for column, justify in (("tenant", "left"), ("state", "left"), ("metric", "left"), ("period", "left"),
                             ("used", "right"), ("limit", "right"), ("used %", "right"),
-                            ("metric state", "left")):
+                            ("metric state", "left"), ("overshoot ≤", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
-    for entry in report:
-        document = _document(entry)
+    for entry, document in zip(report, documents, strict=True):
         for index, metric in enumerate(document["metrics"]):
             table.add_row(
                 entry.tenant if index == 0 else (f"[dim]as of {document['at']}[/]" if index == 1 else ""),
@@ -183,6 +195,7 @@ def _print_table(report: list[TenantStatus]) -> None:
                 "now" if metric["metric"] == "max_gpus" else metric["period"],
                 metric["used"], metric["limit"] or "-",
                 _percent(metric["fraction"]), f"[{_STYLE[metric['state']]}]{metric['state']}[/]",
+                "-" if metric["overshoot_bound"] is None else f"{metric['overshoot_bound']} h",
             )
         table.add_section()
     # Piped output keeps whole lines instead of the 80 columns rich assumes without a terminal.
