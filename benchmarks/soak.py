@@ -28,11 +28,13 @@ Writes benchmarks/results/soak-latest.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import queue
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -60,7 +62,7 @@ from benchmarks.fleet_realtime import (
     fleet_config,
     lag_chart,
 )
-from benchmarks.pipeline import free_port, make_payloads, percentile, publish, wait_stored
+from benchmarks.pipeline import cpu_seconds, free_port, make_payloads, percentile, publish, wait_stored
 from benchmarks.pipeline_cluster import start_cluster, stop_cluster
 from benchmarks.result_file import write_results
 from gpumeter.app import schema
@@ -238,6 +240,35 @@ class Soak:
             shutil.rmtree(self.home, ignore_errors=True)
 
 
+class Offsets:
+    """GroupOffsets (benchmarks/fleet_realtime.py) that survives a broker restart: each read is
+    bounded in time, and after a failed one the clients are made anew (a client of a restarted
+    node kept timing out)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.reader = GroupOffsets(settings)
+
+    def read(self) -> tuple[dict[int, int], dict[int, int]]:
+        try:
+            committed = {
+                tp.partition: meta.offset
+                for tp, meta in self.reader._admin.list_group_offsets(
+                    {self.reader.group: self.reader.partitions})[self.reader.group].items()
+                if meta is not None and meta.offset >= 0
+            }
+            ends = self.reader._consumer.end_offsets(self.reader.partitions, timeout_ms=5000)
+            return committed, {tp.partition: offset for tp, offset in ends.items()}
+        except Exception:
+            self.close()
+            self.reader = GroupOffsets(self.settings)
+            raise
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.reader.close()
+
+
 def recovery(fault: Fault, series: list[dict[str, float]], window: float, until: float) -> None:
     """From the fault's start to the last reading, before the next fault, at or over one window."""
     points = [p for p in series if fault.started <= p["t"] < until]
@@ -283,7 +314,7 @@ def run(soak: Soak, settings: Settings, client: Any) -> dict[str, Any]:
     child = MP.Process(target=_publisher_main, args=(settings, config, windows, first_at, out, stop),
                        daemon=True)
     child.start()
-    offsets = GroupOffsets(settings)
+    offsets = Offsets(settings)
     log = SentLog()
     pending: list[Window] = []
     published: list[dict[str, Any]] = []
@@ -294,6 +325,7 @@ def run(soak: Soak, settings: Settings, client: Any) -> dict[str, Any]:
     memory = Memory()
     in_flight: float | None = None
     offset_errors = 0
+    cpu_prev, t_prev = 0.0, time.time()
     while time.time() < first_at:
         time.sleep(0.05)
     soak.started_at = first_at  # run time 0 = the first window goes out
@@ -351,13 +383,20 @@ def run(soak: Soak, settings: Settings, client: Any) -> dict[str, Any]:
             unreported = any(ends.get(p, 0) > max(log.known_end(p), committed.get(p, 0)) for p in ends)
             if unreported and in_flight is not None:
                 oldest = in_flight if oldest is None else min(oldest, in_flight)
+            worker_cpu = 0.0
+            for name, pid in soak.pids():
+                if name.startswith("worker") and pid is not None:
+                    with contextlib.suppress(OSError):
+                        worker_cpu += cpu_seconds(pid)
             point = {
                 "t": now_run,
                 "lag_records": float(sum(max(0, end - committed.get(p, 0)) for p, end in ends.items())),
                 "lag_samples": float(lag_samples),
                 "lag_seconds": 0.0 if oldest is None else max(0.0, now - oldest),
-                "worker_cpu_pct": 0.0,
+                # Both workers, as a share of one core (a restarted worker's CPU starts at 0).
+                "worker_cpu_pct": max(0.0, worker_cpu - cpu_prev) / max(1e-3, now - t_prev) * 100,
             }
+            cpu_prev, t_prev = worker_cpu, now
             series.append(point)
             for item in list(pending):
                 if committed_all(item.records, committed):
@@ -494,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.minutes <= 0 or args.fault_every <= 0 or args.nodes < 1:
         parser.error("--minutes, --fault-every and --nodes must be positive")
 
+    # SIGTERM as Ctrl-C: the finally below stops every process this run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     soak = Soak(args)
     try:
         settings = soak.start()
