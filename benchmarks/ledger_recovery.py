@@ -375,7 +375,7 @@ def report(results: list[dict[str, Any]], restarts: list[str]) -> Table:
         table.add_row(name, *(cell(r) for r in results))
 
     row("tenants with a ledger", lambda r: f"{r['tenants_with_ledger']:,}")
-    row("state per tenant (mean / max)", lambda r: f"{r['state_bytes_mean'] / 1024:,.1f} / "
+    row("ledger after the feed (mean / max)", lambda r: f"{r['state_bytes_mean'] / 1024:,.1f} / "
         f"{r['state_bytes_max'] / 1024:,.1f} KiB")
     row("ledger writes appended", lambda r: f"{r['history_windows']} windows · "
         f"{r['history_bytes_appended'] / 2**20:,.0f} MiB")
