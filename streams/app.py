@@ -92,6 +92,8 @@ def create_app(settings: Settings) -> WorkerApp:
         web_enabled=False,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        broker_session_timeout=settings.worker.session_timeout_seconds,
+        broker_heartbeat_interval=settings.worker.session_timeout_seconds / 3,
         producer_acks=-1,
         topic_allow_declare=False,
         topic_disable_leader=True,

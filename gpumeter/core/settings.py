@@ -164,6 +164,12 @@ class WorkerSettings(BaseModel):
     sink_batch_seconds: Annotated[float, Field(gt=0, le=60)] = 0.5
     # Upper bound of the sink's exponential back-off while ClickHouse is down.
     sink_max_backoff_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+    # A worker that stops heartbeating (killed, its node lost) keeps its partitions this long
+    # before the group moves them. faust's default, 60 s, held a restarted worker and the
+    # samples of its partitions for a minute after a SIGKILL (benchmarks/ledger_recovery.py);
+    # heartbeats come from the consumer's own thread every third of this, so a busy agent does
+    # not miss them. The broker accepts 6 s to 30 min (group.min/max.session.timeout.ms).
+    session_timeout_seconds: Annotated[float, Field(ge=6, le=1800)] = 10.0
     # Prometheus /metrics of the worker; 0 turns it off.
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9465
     # How often the worker looks for new or corrected rate-card files.
