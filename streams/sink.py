@@ -324,12 +324,17 @@ class ClickHouseSink:
 
         The batch's hashes are probed in event_id_hashes (one granule of bare hashes per id
         and part, few parts); event_ids is read only for the hashes found there, on its sort
-        key, and none at all when every id is new. A claim whose hash is not visible yet (its
-        insert is still filling the view) is missed here and found by ``_contested``.
+        key, and none at all when every id is new. On a sharded cluster both are Distributed
+        tables: GLOBAL IN computes the hashes found once, on the node asking, and sends them to
+        every shard (a plain IN would have each shard read event_id_hashes of every shard, which
+        the server refuses: distributed_product_mode). An id's claims all sit on the shard of its
+        hash, so the order of their _block_number is that shard's commit order. A claim whose
+        hash is not visible yet (its insert is still filling the view) is missed here and found
+        by ``_contested``.
         """
         found = client.query(
             f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
-            f"PREWHERE id_hash IN (SELECT id_hash FROM {EVENT_ID_HASHES.name} "
+            f"PREWHERE id_hash GLOBAL IN (SELECT id_hash FROM {EVENT_ID_HASHES.name} "
             f"WHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE})) "
             f"WHERE event_id IN {IDS_TABLE} ORDER BY _block_number",
             external_data=ids_table(ids),
@@ -366,7 +371,7 @@ class ClickHouseSink:
         found = client.query(
             f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
             f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
-            f"WHERE event_id IN (SELECT event_id FROM {EVENT_IDS.name} "
+            f"WHERE event_id GLOBAL IN (SELECT event_id FROM {EVENT_IDS.name} "
             f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
             f"WHERE event_id IN {IDS_TABLE} GROUP BY event_id HAVING count() > 1) "
             f"ORDER BY _block_number",

@@ -221,6 +221,7 @@ def assert_id_7_is_found(settings: Settings) -> None:
     assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
 
 
+@pytest.mark.single_node
 def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_once(settings: Settings) -> None:
     """A database at pipeline migration 4 (event_ids in EmbeddedRocksDB) with ids: migration 5."""
     migration_4 = next(m for m in PIPELINE.migrations if m.version == 4)
