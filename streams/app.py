@@ -32,6 +32,7 @@ from faust.types import TP
 from gpumeter.core import topics
 from gpumeter.core.settings import KafkaSettings, Settings
 from gpumeter.infra import kafka as kafka_admin
+from gpumeter.infra.tables import Topology
 from streams import kafka_log, metrics
 from streams.batch_writer import BatchWriter
 from streams.dead_letter_agent import add_dead_letter_sink
@@ -105,7 +106,8 @@ def create_app(settings: Settings) -> WorkerApp:
     dead_topic = _raw_topic(app, kafka.topic(topics.DEADLETTER))
     quota_topic = _raw_topic(app, kafka.topic(topics.QUOTA_EVENTS))
 
-    sink = ClickHouseSink(connector(settings.clickhouse.connection_dsn()))
+    ch = settings.clickhouse
+    sink = ClickHouseSink(connector(ch.connection_dsn()), Topology(ch.cluster, ch.replicated, ch.sharded))
     worker = settings.worker
 
     rating = add_rating(app, settings, rate_cards, samples_topic, rated_topic, dead_topic, sink)

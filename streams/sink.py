@@ -64,7 +64,7 @@ from gpumeter.infra import clickhouse
 from gpumeter.infra.insert import insert_lines, insert_rows
 from gpumeter.infra.rows import Row, have_lines
 from gpumeter.infra.schema import DEAD_LETTERS, EVENT_ID_HASHES, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
-from gpumeter.infra.tables import Table
+from gpumeter.infra.tables import SINGLE_NODE, Table, Topology
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -239,8 +239,11 @@ class SinkCounters:
 class ClickHouseSink:
     """Owns one client (clickhouse-connect clients are not shared across threads)."""
 
-    def __init__(self, connect: Callable[[], Client]) -> None:
+    def __init__(self, connect: Callable[[], Client], topology: Topology = SINGLE_NODE) -> None:
         self._connect = connect
+        # Where a claim is withdrawn: event_ids itself, or on a sharded cluster each shard's
+        # event_ids_local (a Distributed table takes no DELETE).
+        self._claims_table = EVENT_IDS.local_name(topology) + topology.on_cluster
         self._client: Client | None = None
         self._lock = threading.Lock()
         self.counters = SinkCounters()
@@ -358,7 +361,7 @@ class ClickHouseSink:
         keeps unstorable values out), so one lightweight delete per refused row is fine."""
         for row in rows:
             client.command(
-                f"DELETE FROM {EVENT_IDS.name} WHERE id_hash = sipHash64(%(id)s) AND event_id = %(id)s "
+                f"DELETE FROM {self._claims_table} WHERE id_hash = sipHash64(%(id)s) AND event_id = %(id)s "
                 "AND source_partition = %(partition)s AND source_offset = %(offset)s",
                 parameters={"id": row[_ID], "partition": row[_PARTITION], "offset": row[_OFFSET]})
 

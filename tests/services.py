@@ -11,7 +11,7 @@ The tables' topology (contract 9) comes from GPUMETER_TEST_CLICKHOUSE_CLUSTER,
 GPUMETER_TEST_CLICKHOUSE_REPLICATED and GPUMETER_TEST_CLICKHOUSE_SHARDED (1/true): every test's
 settings carry it and its database is migrated for it. With GPUMETER_TEST_CLICKHOUSE_DSN unset,
 GPUMETER_TEST_CLICKHOUSE_TOPOLOGY=two-shards runs the local ClickHouse as two shards
-(tests/support/chcluster.py) with clickhouse.sharded on. docs/operations.md, "Running the tests
+(testkit/clickhouse_cluster.py) with clickhouse.sharded on. docs/operations.md, "Running the tests
 against a ClickHouse cluster".
 """
 
@@ -114,7 +114,7 @@ def session_endpoints(tmp: Path) -> Iterator[Endpoints]:
     broker = start_local_broker(tmp / "kafka")
     try:
         if os.environ.get("GPUMETER_TEST_CLICKHOUSE_TOPOLOGY") == "two-shards":
-            from tests.support.chcluster import two_shards
+            from testkit.clickhouse_cluster import two_shards
 
             with two_shards(tmp / "clickhouse", [(free_port(), free_port()) for _ in range(2)]) as cluster:
                 yield Endpoints(broker.bootstrap, cluster.url, "local", topology=cluster.topology)

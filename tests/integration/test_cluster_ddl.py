@@ -21,8 +21,8 @@ from gpumeter.app.runtime.chserver import LocalClickHouse
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.tables import Topology
+from testkit.clickhouse_cluster import KEEPER, macros, remote_servers
 from tests.services import free_port, run_cli
-from tests.support.chcluster import KEEPER, macros, remote_servers
 from tests.unit.infra.golden_ddl import CLUSTER, TOPOLOGIES, statements
 
 MACROS = macros(1)
