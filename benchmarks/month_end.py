@@ -67,6 +67,7 @@ from gpumeter.core.settings import Settings, load_settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra import schema as tables
 from gpumeter.infra.rows import rated_row
+from gpumeter.infra.tables import Topology
 from pricing.issue import close_month
 from streams.sink import ClickHouseSink, connector
 from streams.stage import RatingStage, encode_rated
@@ -151,7 +152,7 @@ def sink_batches(settings: Settings, samples: list[dict[str, Any]], offset: int)
         assert outcome.rated is not None, outcome.dead
         rows.append(rated_row(outcome.rated, encode_rated(outcome.rated)))  # as the worker sends them
     size = settings.worker.sink_batch_size
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     spent = []
     try:
         for start in range(0, len(rows), size):

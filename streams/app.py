@@ -106,8 +106,7 @@ def create_app(settings: Settings) -> WorkerApp:
     dead_topic = _raw_topic(app, kafka.topic(topics.DEADLETTER))
     quota_topic = _raw_topic(app, kafka.topic(topics.QUOTA_EVENTS))
 
-    ch = settings.clickhouse
-    sink = ClickHouseSink(connector(ch.connection_dsn()), Topology(ch.cluster, ch.replicated, ch.sharded))
+    sink = ClickHouseSink(connector(settings.clickhouse.connection_dsn()), Topology.of(settings.clickhouse))
     worker = settings.worker
 
     rating = add_rating(app, settings, rate_cards, samples_topic, rated_topic, dead_topic, sink)

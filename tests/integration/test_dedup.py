@@ -21,6 +21,7 @@ from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.schema import EVENT_IDS_V5, PIPELINE, RATED_USAGE
+from gpumeter.infra.tables import Topology
 from testkit.builders import sample
 from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli
@@ -108,7 +109,7 @@ def test_ids_with_tabs_newlines_and_backslashes_are_found_again(settings: Settin
     from tests.integration.test_poison import rated_row_values
 
     awkward = ["tab\there", "new\nline", "back\\slash\\t", "cr\rret", "plain"]
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         first = sink.store_rated([tuple(rated_row_values(event_id)) for event_id in awkward])
         again = sink.store_rated([tuple(rated_row_values(event_id)) for event_id in awkward])
@@ -211,7 +212,7 @@ def assert_id_7_is_found(settings: Settings) -> None:
     start = datetime(2026, 11, 5, 0, 7, tzinfo=UTC)
     copy = {"tenant": "t1", "window_start": start, "window_end": start + timedelta(minutes=1),
             "quantity": Decimal(4), "unit_seconds": Decimal(240)}
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         same = sink.store_rated([tuple(rated_row_values("id-7", **copy))])
         other = sink.store_rated([tuple(rated_row_values("id-7", **{**copy, "tenant": "t2"}))])
@@ -304,7 +305,7 @@ def test_migration_7_gives_every_recorded_id_its_hash_and_later_ids_come_through
         client.close()
     assert_id_7_is_found(settings)
     # Ids recorded by the sink from now on reach event_id_hashes through the view.
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         assert sink.store_rated([tuple(rated_row_values(f"new-{i}")) for i in range(3)]).stored == 3
     finally:
@@ -323,7 +324,7 @@ def test_a_hash_without_its_recorded_row_does_not_make_an_id_billed(settings: Se
         client.command("INSERT INTO event_id_hashes SELECT sipHash64('ghost')")
     finally:
         client.close()
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         stored = sink.store_rated([tuple(rated_row_values("ghost"))])
     finally:
@@ -345,7 +346,7 @@ def test_a_repeated_insert_of_the_same_rows_is_dropped_by_the_engine(settings: S
 
     rows = [tuple(rated_row_values(f"named-{i}", source_offset=100 + i)) for i in range(20)]
     columns = list(RATED_USAGE.insert_columns)
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         assert sink.store_rated(rows).stored == 20
     finally:
