@@ -251,6 +251,7 @@ def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_onc
     assert_id_7_is_found(settings)
 
 
+@pytest.mark.single_node
 def test_migration_6_leaves_event_ids_hashes_uncompressed_and_every_id_found(settings: Settings) -> None:
     """A database at pipeline migration 5 as shipped (id_hash in the server's default codec)."""
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
@@ -278,6 +279,7 @@ CODEC_QUERY = ("SELECT compression_codec FROM system.columns WHERE database = cu
 HASHES = "SELECT groupArray(id_hash) FROM (SELECT id_hash FROM {table} ORDER BY id_hash)"
 
 
+@pytest.mark.single_node
 def test_migration_7_gives_every_recorded_id_its_hash_and_later_ids_come_through_the_view(
         settings: Settings) -> None:
     """A database at pipeline migration 6 with recorded ids: migration 7, run twice."""
