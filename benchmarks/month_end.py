@@ -1,6 +1,8 @@
-"""Ingest at the end of a month runs as fast as at its start: one worker, empty table vs full.
+"""Ingest at the end of a month runs as fast as at its start: one worker, empty table vs full;
+and a full month on two shards beside one node (contract 9).
 
     .venv/bin/python -m benchmarks.month_end [--samples 60000] [--fill 30000000] [--rounds 3] [--warmup 10000]
+                                             [--two-shards]
 
 On the local services of `gpumeter up` (started if needed), two namespaces of their own
 (topics, database, consumer group, one `gpumeter worker` each), removed afterwards
@@ -18,15 +20,29 @@ the other in alternating order, so the shared machine's load falls on both alike
 full / empty (target >= 0.8). Each round also times the product's sink alone
 (ClickHouseSink.store_rated on batches of ``sink_batch_size`` freshly rated rows) on both
 tables: the dedup lookups plus the insert, without Kafka or rating around them.
+
+``--two-shards`` adds a third namespace, ``full-2shards``: the same ``--fill`` rows on a local
+two-shard cluster (testkit/clickhouse_cluster.py: two chserver processes of chdb's engine, tables
+``_local`` + Distributed, migrated through the cluster's DDL path), with a worker of its own
+that, as every client here, talks to shard 1. It gets the same rounds, and after the rounds
+each full namespace times the month's ``invoice close`` (pricing.issue.close_month, every
+tenant) beside a plain aggregate of the month (Σ unit-seconds and list cost per tenant and
+line, no FINAL). Printed: two shards / one node for samples/s, the sink alone and the close.
+Both shards run on this one machine, so the ratio shows the cost of the Distributed layer
+(one more hop, GLOBAL IN, synchronous inserts), not the gain of a second machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
+import socket
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,11 +67,15 @@ from gpumeter.core.settings import Settings, load_settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra import schema as tables
 from gpumeter.infra.rows import rated_row
+from gpumeter.infra.tables import Topology
+from pricing.issue import close_month
 from streams.sink import ClickHouseSink, connector
 from streams.stage import RatingStage, encode_rated
+from testkit.clickhouse_cluster import TwoShards, two_shards
 
 console = Console()
 RESULTS = Path(__file__).resolve().parent / "results" / "month-end-latest.json"
+RESULTS_SHARDS = RESULTS.with_name("month-end-two-shards-latest.json")
 FILL_CLUSTER = "month-end-fill"  # marks the generated rows
 SAMPLES_START = datetime(2026, 11, 20, tzinfo=UTC)  # the generated rows fill 2026-11-01 .. 11-20
 CHUNK = 2_000_000
@@ -132,7 +152,7 @@ def sink_batches(settings: Settings, samples: list[dict[str, Any]], offset: int)
         assert outcome.rated is not None, outcome.dead
         rows.append(rated_row(outcome.rated, encode_rated(outcome.rated)))  # as the worker sends them
     size = settings.worker.sink_batch_size
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     spent = []
     try:
         for start in range(0, len(rows), size):
@@ -163,7 +183,8 @@ def patient_client(dsn: str) -> Any:
     target = clickhouse.parse_dsn(dsn)
     return clickhouse_connect.get_client(host=target.host, port=target.port, username=target.username,
                                          password=target.password, database=target.database,
-                                         secure=target.scheme == "https", send_receive_timeout=3600)
+                                         secure=target.scheme == "https", send_receive_timeout=3600,
+                                         settings=dict(clickhouse.SESSION_SETTINGS))
 
 
 def fill(client: Any, rows: int, tenants: list[str]) -> dict[str, Any]:
@@ -189,11 +210,16 @@ def fill(client: Any, rows: int, tenants: list[str]) -> dict[str, Any]:
     while time.time() < deadline and int(clickhouse.scalar(
             client, "SELECT count() FROM system.merges WHERE database = currentDatabase()")) > 0:
         time.sleep(2)
-    parts = dict(client.query(
+    disk = {str(table): (int(rows), int(size)) for table, rows, size in client.query(
+        "SELECT table, sum(rows), sum(bytes_on_disk) FROM system.parts WHERE database = currentDatabase() "
+        "AND active GROUP BY table").result_rows}
+    parts = {str(table): int(count) for table, count in client.query(
         "SELECT table, count() FROM system.parts WHERE database = currentDatabase() AND active "
-        "GROUP BY table").result_rows)
+        "GROUP BY table").result_rows}
     return {"fill_seconds": generated, "settle_seconds": time.perf_counter() - started - generated,
-            "side_table_filled_by_benchmark": filled_side, "active_parts": parts}
+            "side_table_filled_by_benchmark": filled_side, "active_parts": parts,
+            # On this node only (on two shards: shard 1's part of the rows).
+            "disk_bytes_per_row": {table: size / rows for table, (rows, size) in disk.items() if rows}}
 
 
 @dataclass
@@ -207,16 +233,45 @@ class Side:
     rounds: list[float] = field(default_factory=list)
     sink: list[float] = field(default_factory=list)
     loads: list[float] = field(default_factory=list)
+    sharded: bool = False
 
 
-def open_side(base: Settings, level: str, tag: str) -> Side:
-    settings = services.namespaced(base, f"month-end-{level}-{tag}.", f"month_end_{level}_{tag}",
+def open_side(base: Settings, level: str, tag: str, cluster: TwoShards | None = None) -> Side:
+    name = level.replace("-", "_")
+    settings = services.namespaced(base, f"month-end-{level}-{tag}.", f"month_end_{name}_{tag}",
                                    f"gpumeter-month-end-{level}")
     kafka.ensure_topics(settings.kafka)
-    client = clickhouse.connect(settings.clickhouse.dsn)
-    schema.migrate(client)
+    if cluster is not None:
+        # DDL through the cluster's DDL path (ON CLUSTER); every other client talks to shard 1.
+        database = clickhouse.parse_dsn(settings.clickhouse.dsn).database
+        settings.clickhouse.cluster, settings.clickhouse.sharded = cluster.topology.cluster, True
+        migrating = clickhouse.connect(f"{cluster.url}/{database}")
+        try:
+            schema.migrate(migrating, cluster.topology)
+        finally:
+            migrating.close()
+        settings.clickhouse.dsn = f"{cluster.node_urls()[0]}/{database}"
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=cluster is None)
+    if cluster is None:
+        schema.migrate(client)
     worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-month-end-{level}-{tag}.log", "warn")
-    return Side(level, settings, client, worker)
+    return Side(level, settings, client, worker, sharded=cluster is not None)
+
+
+PLAIN_AGGREGATE = (
+    "SELECT tenant, kind, gpu_model, mig_profile, capacity_type, rate_card, sum(unit_seconds), "
+    "sum(list_cost) FROM rated_usage WHERE period = '2026-11' "
+    "GROUP BY tenant, kind, gpu_model, mig_profile, capacity_type, rate_card")
+
+
+def close_times(side: Side, out: Path) -> dict[str, float]:
+    """Seconds for the month's `invoice close` and for a plain aggregate of the same rows."""
+    began = time.perf_counter()
+    side.client.query(PLAIN_AGGREGATE, settings={"max_execution_time": 0})
+    plain = time.perf_counter() - began
+    began = time.perf_counter()
+    issued = close_month(side.settings, "2026-11", "json", out)
+    return {"close_s": time.perf_counter() - began, "plain_aggregate_s": plain, "invoices": len(issued)}
 
 
 def report(results: dict[str, Any]) -> Table:
@@ -237,6 +292,24 @@ def report(results: dict[str, Any]) -> Table:
     table.add_row("fill (server-side) + settle",
                   f"{results['fill_seconds']:.0f} s + {results['settle_seconds']:.0f} s")
     table.add_row("active parts after fill", json.dumps(results["active_parts"]))
+    per_row = results.get("disk_bytes_per_row", {})
+    table.add_row("disk bytes per row after fill",
+                  ", ".join(f"{name} {per_row[name]:.1f}" for name in sorted(per_row) if name in (
+                      "rated_usage", "event_ids", "event_id_hashes")))
+    if "pipeline_full-2shards_per_s" in results:
+        rows, rate = results["rows_full-2shards"], results["pipeline_full-2shards_per_s"]
+        table.add_row(f"pipeline, two shards, {rows:,} rows", f"{rate:,.0f} samples/s")
+        table.add_row("  ratio two shards / one node (full), median of paired rounds",
+                      f"{results['ratio_2shards_vs_one']:.3f}")
+        table.add_row("  sink alone, two shards / one node (time)",
+                      f"{results['sink_ratio_2shards_vs_one']:.3f}")
+        for level in ("full", "full-2shards"):
+            close = results[f"close_{level}"]
+            table.add_row(f"invoice close, {level} ({close['invoices']} invoices)",
+                          f"{close['close_s']:.2f} s  (plain aggregate {close['plain_aggregate_s']:.2f} s, "
+                          f"close / aggregate {close['close_s'] / close['plain_aggregate_s']:.1f})")
+        table.add_row("  invoice close, two shards / one node (time)",
+                      f"{results['close_ratio_2shards_vs_one']:.3f}")
     loads = [statistics.mean(results[f"load_{level}"]) for level in ("empty", "full")]
     table.add_row("load average (1 min), empty / full rounds", f"{loads[0]:.1f} / {loads[1]:.1f}")
     return table
@@ -252,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="samples per table before the rounds, not measured (caches, first merges)")
     parser.add_argument("--sink-batches", type=int, default=2, help="sink-only batches per round and table")
     parser.add_argument("--keep", action="store_true", help="keep the namespaces afterwards")
+    parser.add_argument("--two-shards", action="store_true",
+                        help="also a full month on a local two-shard cluster, and the invoice close times")
     args = parser.parse_args(argv)
 
     base = load_settings()
@@ -268,15 +343,42 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"samples_per_round": per_round, "rounds": args.rounds, "fill_rows": args.fill,
                                "sink_batch_size": sink_size, "started_at": datetime.now(UTC).isoformat()}
     sides: list[Side] = []
+    with contextlib.ExitStack() as stack:
+        cluster = None
+        if args.two_shards:
+            home = Path(tempfile.mkdtemp(prefix="gpumeter-month-end-shards-"))
+            stack.callback(shutil.rmtree, home, True)
+            with console.status("starting two local shards..."):
+                cluster = stack.enter_context(
+                    two_shards(home, [(free_port(), free_port()) for _ in range(2)]))
+        run(args, base, tag, samples, warmup, rounds, sink_sets, results, sides, cluster)
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run(args: argparse.Namespace, base: Settings, tag: str, samples: list[dict[str, Any]],
+        warmup: list[dict[str, Any]], rounds: list[list[dict[str, Any]]],
+        sink_sets: list[list[dict[str, Any]]], results: dict[str, Any], sides: list[Side],
+        cluster: TwoShards | None) -> None:
+    per_round = args.samples
     try:
-        sides = [open_side(base, "empty", tag), open_side(base, "full", tag)]
-        full = sides[1]
-        with console.status(f"filling {args.fill:,} rows of 2026-11 server-side..."):
-            patient = patient_client(full.settings.clickhouse.dsn)
-            try:
-                results.update(fill(patient, args.fill, sorted({s["tenant"] for s in samples})))
-            finally:
-                patient.close()
+        sides += [open_side(base, "empty", tag), open_side(base, "full", tag)]
+        if cluster is not None:
+            sides.append(open_side(base, "full-2shards", tag, cluster))
+        for full in sides[1:]:
+            with console.status(f"filling {args.fill:,} rows of 2026-11 server-side ({full.level})..."):
+                patient = patient_client(full.settings.clickhouse.dsn)
+                try:
+                    filled = fill(patient, args.fill, sorted({s["tenant"] for s in samples}))
+                finally:
+                    patient.close()
+            suffix = "" if full.level == "full" else f"_{full.level}"
+            results.update({f"{key}{suffix}": value for key, value in filled.items()})
         with console.status("starting the workers, warming up..."):
             for side in sides:
                 side.worker.start()
@@ -295,11 +397,17 @@ def main(argv: list[str] | None = None) -> int:
                     side.sink.extend(sink_batches(side.settings, sink_sets[number], offset))
         for side in sides:
             results[f"rows_{side.level}"] = stored(side.client)
+        if cluster is not None:
+            for side in sides[1:]:
+                with console.status(f"invoice close of 2026-11, {side.level}..."):
+                    out = Path(tempfile.mkdtemp(prefix=f"gpumeter-month-end-close-{side.level}-"))
+                    results[f"close_{side.level}"] = close_times(side, out)
+                    shutil.rmtree(out, ignore_errors=True)
     finally:
         for side in sides:
             side.worker.stop()
             side.client.close()
-            if not args.keep:
+            if not args.keep and not side.sharded:  # the two shards go with their directory
                 services.drop_namespace(side.settings)
 
     for side in sides:
@@ -311,9 +419,16 @@ def main(argv: list[str] | None = None) -> int:
     results["paired_ratios"] = [f / e for e, f in zip(sides[0].rounds, sides[1].rounds, strict=True)]
     results["ratio_full_vs_empty"] = statistics.median(results["paired_ratios"])
     results["sink_ratio_full_vs_empty"] = results["sink_empty_batch_s"] / results["sink_full_batch_s"]
+    if cluster is not None:
+        results["paired_ratios_2shards_vs_one"] = [
+            s / f for f, s in zip(sides[1].rounds, sides[2].rounds, strict=True)]
+        results["ratio_2shards_vs_one"] = statistics.median(results["paired_ratios_2shards_vs_one"])
+        results["sink_ratio_2shards_vs_one"] = (results["sink_full-2shards_batch_s"]
+                                                / results["sink_full_batch_s"])
+        results["close_ratio_2shards_vs_one"] = (results["close_full-2shards"]["close_s"]
+                                                 / results["close_full"]["close_s"])
     console.print(report(results))
-    write_results(RESULTS, results)
-    return 0
+    write_results(RESULTS if cluster is None else RESULTS_SHARDS, results)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from gpumeter.app.runtime import services
 from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.infra.rows import rated_row
+from gpumeter.infra.tables import Topology
 from streams.sink import ClickHouseSink, connector
 from streams.stage import RatingStage, encode_rated
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = stage.process(jsonio.dumpb(sample), 0, index)
                 assert outcome.rated is not None, outcome.dead
                 rows.append(rated_row(outcome.rated, encode_rated(outcome.rated)))  # as the worker sends them
-        sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+        sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
         phases: dict[str, float] = {}
         # Instance attributes shadow the methods: each step of store_rated is timed as it runs.
         sink._first_claims = timed(phases, "event_ids lookup", sink._first_claims)  # type: ignore[method-assign]

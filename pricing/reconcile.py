@@ -263,7 +263,7 @@ def billed_and_dead(client: Client, period: str) -> list[Difference]:
     conflicting duplicate copy, which contract 1 dead-letters while the first copy is billed)."""
     rows = client.query(
         "SELECT r.tenant, r.event_id, d.reason_code FROM dead_letters AS d "
-        "INNER JOIN (SELECT tenant, event_id FROM rated_usage FINAL WHERE period = %(period)s) AS r "
+        "GLOBAL INNER JOIN (SELECT tenant, event_id FROM rated_usage FINAL WHERE period = %(period)s) AS r "
         "ON d.event_id = r.event_id WHERE d.reason_code NOT IN %(by_design)s ORDER BY r.tenant, r.event_id",
         parameters={"period": period, "by_design": list(BY_DESIGN)},
     ).result_rows

@@ -34,6 +34,7 @@ from gpumeter.core.settings import KafkaSettings, Settings
 from gpumeter.infra import kafka as kafka_admin
 from gpumeter.infra import kafka_log
 from gpumeter.infra.kafka_log import KafkaErrorThrottle
+from gpumeter.infra.tables import Topology
 from streams import metrics
 from streams.batch_writer import BatchWriter
 from streams.dead_letter_agent import add_dead_letter_sink
@@ -108,7 +109,7 @@ def create_app(settings: Settings) -> WorkerApp:
     dead_topic = _raw_topic(app, kafka.topic(topics.DEADLETTER))
     quota_topic = _raw_topic(app, kafka.topic(topics.QUOTA_EVENTS))
 
-    sink = ClickHouseSink(connector(settings.clickhouse.connection_dsn()))
+    sink = ClickHouseSink(connector(settings.clickhouse.connection_dsn()), Topology.of(settings.clickhouse))
     worker = settings.worker
 
     rating = add_rating(app, settings, rate_cards, samples_topic, rated_topic, dead_topic, sink)

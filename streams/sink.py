@@ -64,7 +64,7 @@ from gpumeter.infra import clickhouse
 from gpumeter.infra.insert import insert_lines, insert_rows
 from gpumeter.infra.rows import Row, have_lines
 from gpumeter.infra.schema import DEAD_LETTERS, EVENT_ID_HASHES, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
-from gpumeter.infra.tables import Table
+from gpumeter.infra.tables import SINGLE_NODE, Table, Topology
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -239,8 +239,11 @@ class SinkCounters:
 class ClickHouseSink:
     """Owns one client (clickhouse-connect clients are not shared across threads)."""
 
-    def __init__(self, connect: Callable[[], Client]) -> None:
+    def __init__(self, connect: Callable[[], Client], topology: Topology = SINGLE_NODE) -> None:
         self._connect = connect
+        # Where a claim is withdrawn: event_ids itself, or on a sharded cluster each shard's
+        # event_ids_local (a Distributed table takes no DELETE).
+        self._claims_table = EVENT_IDS.local_name(topology) + topology.on_cluster
         self._client: Client | None = None
         self._lock = threading.Lock()
         self.counters = SinkCounters()
@@ -324,12 +327,17 @@ class ClickHouseSink:
 
         The batch's hashes are probed in event_id_hashes (one granule of bare hashes per id
         and part, few parts); event_ids is read only for the hashes found there, on its sort
-        key, and none at all when every id is new. A claim whose hash is not visible yet (its
-        insert is still filling the view) is missed here and found by ``_contested``.
+        key, and none at all when every id is new. On a sharded cluster both are Distributed
+        tables: GLOBAL IN computes the hashes found once, on the node asking, and sends them to
+        every shard (a plain IN would have each shard read event_id_hashes of every shard, which
+        the server refuses: distributed_product_mode). An id's claims all sit on the shard of its
+        hash, so the order of their _block_number is that shard's commit order. A claim whose
+        hash is not visible yet (its insert is still filling the view) is missed here and found
+        by ``_contested``.
         """
         found = client.query(
             f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
-            f"PREWHERE id_hash IN (SELECT id_hash FROM {EVENT_ID_HASHES.name} "
+            f"PREWHERE id_hash GLOBAL IN (SELECT id_hash FROM {EVENT_ID_HASHES.name} "
             f"WHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE})) "
             f"WHERE event_id IN {IDS_TABLE} ORDER BY _block_number",
             external_data=ids_table(ids),
@@ -353,7 +361,7 @@ class ClickHouseSink:
         keeps unstorable values out), so one lightweight delete per refused row is fine."""
         for row in rows:
             client.command(
-                f"DELETE FROM {EVENT_IDS.name} WHERE id_hash = sipHash64(%(id)s) AND event_id = %(id)s "
+                f"DELETE FROM {self._claims_table} WHERE id_hash = sipHash64(%(id)s) AND event_id = %(id)s "
                 "AND source_partition = %(partition)s AND source_offset = %(offset)s",
                 parameters={"id": row[_ID], "partition": row[_PARTITION], "offset": row[_OFFSET]})
 
@@ -366,7 +374,7 @@ class ClickHouseSink:
         found = client.query(
             f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
             f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
-            f"WHERE event_id IN (SELECT event_id FROM {EVENT_IDS.name} "
+            f"WHERE event_id GLOBAL IN (SELECT event_id FROM {EVENT_IDS.name} "
             f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
             f"WHERE event_id IN {IDS_TABLE} GROUP BY event_id HAVING count() > 1) "
             f"ORDER BY _block_number",

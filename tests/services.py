@@ -6,6 +6,13 @@
 2. testcontainers, where a Docker daemon answers;
 3. the local runtime of `gpumeter up` (Kafka broker from Maven jars, chdb's ClickHouse
    server) on free loopback ports in a temporary directory.
+
+The tables' topology (contract 9) comes from GPUMETER_TEST_CLICKHOUSE_CLUSTER,
+GPUMETER_TEST_CLICKHOUSE_REPLICATED and GPUMETER_TEST_CLICKHOUSE_SHARDED (1/true): every test's
+settings carry it and its database is migrated for it. With GPUMETER_TEST_CLICKHOUSE_DSN unset,
+GPUMETER_TEST_CLICKHOUSE_TOPOLOGY=two-shards runs the local ClickHouse as two shards
+(testkit/clickhouse_cluster.py) with clickhouse.sharded on. docs/operations.md, "Running the tests
+against a ClickHouse cluster".
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from gpumeter.app.runtime.process import log_tail
 from gpumeter.core.settings import KafkaSettings, Settings, settings_env
 from gpumeter.infra import clickhouse
 from gpumeter.infra import kafka as gkafka
+from gpumeter.infra.tables import SINGLE_NODE, Topology
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,18 @@ class Endpoints:
     clickhouse_url: str  # http://host:port, no database
     origin: str  # env | testcontainers | local
     stop_callbacks: list[object] = field(default_factory=list)
+    topology: Topology = SINGLE_NODE
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def env_topology() -> Topology:
+    """The topology the tests' databases get (module docstring); one node by default."""
+    cluster = os.environ.get("GPUMETER_TEST_CLICKHOUSE_CLUSTER") or None
+    return Topology(cluster, _flag("GPUMETER_TEST_CLICKHOUSE_REPLICATED"),
+                    _flag("GPUMETER_TEST_CLICKHOUSE_SHARDED"))
 
 
 def start_local_broker(home: Path) -> LocalBroker:
@@ -80,7 +100,7 @@ def session_endpoints(tmp: Path) -> Iterator[Endpoints]:
     env_kafka = os.environ.get("GPUMETER_TEST_KAFKA_BOOTSTRAP")
     env_ch = os.environ.get("GPUMETER_TEST_CLICKHOUSE_DSN")
     if env_kafka and env_ch:
-        yield Endpoints(env_kafka, env_ch.rstrip("/"), "env")
+        yield Endpoints(env_kafka, env_ch.rstrip("/"), "env", topology=env_topology())
         return
     if docker_answers():
         from testcontainers.community.clickhouse import ClickHouseContainer
@@ -93,6 +113,12 @@ def session_endpoints(tmp: Path) -> Iterator[Endpoints]:
         return
     broker = start_local_broker(tmp / "kafka")
     try:
+        if os.environ.get("GPUMETER_TEST_CLICKHOUSE_TOPOLOGY") == "two-shards":
+            from testkit.clickhouse_cluster import two_shards
+
+            with two_shards(tmp / "clickhouse", [(free_port(), free_port()) for _ in range(2)]) as cluster:
+                yield Endpoints(broker.bootstrap, cluster.url, "local", topology=cluster.topology)
+            return
         server = start_local_clickhouse(tmp / "clickhouse")
         try:
             yield Endpoints(broker.bootstrap, server.url, "local")
@@ -109,7 +135,7 @@ def prepared(settings: Settings) -> Settings:
     gkafka.ensure_topics(settings.kafka)
     client = clickhouse.connect(settings.clickhouse.dsn)
     try:
-        schema.migrate(client)
+        schema.migrate(client, schema.topology(settings.clickhouse))
     finally:
         client.close()
     return settings
@@ -121,6 +147,11 @@ def isolated_settings(endpoints: Endpoints, data_dir: Path, clickhouse_url: str 
     kafka = KafkaSettings(bootstrap=endpoints.kafka_bootstrap, topic_prefix=f"t{tag}.")
     settings = Settings(data_dir=data_dir, kafka=kafka)
     settings.clickhouse.dsn = f"{clickhouse_url or endpoints.clickhouse_url}/t_{tag}"
+    if clickhouse_url is None:  # a server of the test's own is one node
+        topology = endpoints.topology
+        settings.clickhouse.cluster = topology.cluster
+        settings.clickhouse.replicated = topology.replicated
+        settings.clickhouse.sharded = topology.sharded
     settings.worker.sink_batch_size = 500
     settings.worker.sink_batch_seconds = 0.2
     settings.worker.sink_max_backoff_seconds = 2.0
@@ -157,14 +188,14 @@ class Namespaces:
     """
 
     def __init__(self) -> None:
-        self.databases: list[str] = []
+        self.databases: list[tuple[str, str | None]] = []
         self.topics: list[KafkaSettings] = []
 
     def add(self, settings: Settings, database: bool = True, topics: bool = True) -> None:
         """Remove this database and these topics after the test (either may be left out when it
         lives on a server of the test's own); copied now, as the test may change its settings."""
         if database:
-            self.databases.append(settings.clickhouse.dsn)
+            self.databases.append((settings.clickhouse.dsn, settings.clickhouse.cluster))
         if topics:
             self.topics.append(settings.kafka.model_copy())
 
@@ -173,8 +204,8 @@ class Namespaces:
         # cleanup) whether or not anything is written to it: left behind, the databases of a
         # few hundred tests kept the shared ClickHouse server at 30-50 % of a core while idle,
         # taken from whatever ran next on a 2-core machine.
-        for dsn in self.databases:
-            clickhouse.drop_database(dsn)
+        for dsn, cluster in self.databases:
+            clickhouse.drop_database(dsn, cluster)
         for kafka_settings in self.topics:
             delete_topics(kafka_settings)
 

@@ -19,6 +19,11 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import OperationalError
 
 SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Session settings of every client. An insert into a Distributed table returns only once each
+# shard has the rows (insert_distributed_sync: distributed_foreground_insert in newer releases,
+# which keep the old name as an alias), so a read right after it sees them: the sink's claims,
+# the rated rows checked on a retry. No effect on inserts into other tables.
+SESSION_SETTINGS: dict[str, Any] = {"insert_distributed_sync": 1}
 
 
 class ClickHouseConfigError(ValueError):
@@ -124,7 +129,7 @@ def connect(dsn: str | Dsn, create_database: bool = True, **settings: Any) -> Cl
         "secure": target.scheme == "https",
         "connect_timeout": 5,
         "send_receive_timeout": 60,
-        "settings": settings or None,
+        "settings": {**SESSION_SETTINGS, **settings},
     }
     try:
         if create_database:
@@ -136,12 +141,14 @@ def connect(dsn: str | Dsn, create_database: bool = True, **settings: Any) -> Cl
         raise ClickHouseUnavailable(f"no ClickHouse server answers at {target.url}") from exc
 
 
-def drop_database(dsn: str | Dsn) -> None:
-    """Drop the DSN's database and wait until its tables are gone (``SYNC``)."""
+def drop_database(dsn: str | Dsn, cluster: str | None = None) -> None:
+    """Drop the DSN's database (on every node of ``cluster``) and wait until its tables are gone
+    (``SYNC``)."""
     target = parse_dsn(dsn) if isinstance(dsn, str) else dsn
     client = connect(target)
+    on_cluster = f" ON CLUSTER {cluster}" if cluster is not None else ""
     try:
-        client.command(f"DROP DATABASE IF EXISTS {target.database} SYNC")
+        client.command(f"DROP DATABASE IF EXISTS {target.database}{on_cluster} SYNC")
     finally:
         client.close()
 

@@ -55,6 +55,11 @@ class Topology:
                              "clickhouse.sharded (plain tables ON CLUSTER would hold other rows on "
                              "every node)")
 
+    @classmethod
+    def of(cls, settings: Any) -> Topology:
+        """The topology of ``clickhouse.*`` settings (``cluster``, ``replicated``, ``sharded``)."""
+        return cls(settings.cluster, settings.replicated, settings.sharded)
+
     @property
     def on_cluster(self) -> str:
         return f" ON CLUSTER {self.cluster}" if self.cluster is not None else ""

@@ -18,21 +18,19 @@ import pytest
 from clickhouse_connect.driver.client import Client
 
 from gpumeter.app.runtime.chserver import LocalClickHouse
+from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.tables import Topology
-from tests.services import free_port
+from testkit.clickhouse_cluster import KEEPER, macros, remote_servers
+from tests.services import free_port, run_cli
 from tests.unit.infra.golden_ddl import CLUSTER, TOPOLOGIES, statements
 
-KEEPER = "  <zookeeper><implementation>testkeeper</implementation></zookeeper>\n"
-MACROS = "  <macros><shard>01</shard><replica>r1</replica></macros>\n"
+MACROS = macros(1)
 
 
-def remote_servers(tcp_port: int) -> str:
+def own_two_shards(tcp_port: int) -> str:
     """Two shards, both this server's own TCP port, each with a database of its own."""
-    shards = "".join(
-        f"<shard><replica><host>127.0.0.1</host><port>{tcp_port}</port>"
-        f"<default_database>shard{n}</default_database></replica></shard>" for n in (1, 2))
-    return f"  <remote_servers><{CLUSTER}>{shards}</{CLUSTER}></remote_servers>\n"
+    return remote_servers([tcp_port, tcp_port], ["shard1", "shard2"])
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +42,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Loca
         for name, parts in configs.items():
             tcp = free_port()
             server = LocalClickHouse(Path(tmp_path_factory.mktemp(name)), "127.0.0.1", free_port(), tcp,
-                                     config_fragment="".join(parts) + remote_servers(tcp))
+                                     config_fragment="".join(parts) + own_two_shards(tcp))
             server.start(timeout=90)
             started[name] = server
         yield started
@@ -104,5 +102,26 @@ def test_a_server_that_cannot_hold_the_topology_is_refused_before_anything_is_cr
         assert "\n" not in str(caught.value)
         assert client.query("SELECT count() FROM system.tables WHERE database = currentDatabase()"
                             ).result_rows[0][0] == 0
+    finally:
+        client.close()
+
+
+def test_migrate_on_a_server_without_the_macros_is_one_line_exit_1_and_creates_nothing(
+    servers: dict[str, LocalClickHouse], tmp_path: Path
+) -> None:
+    """`gpumeter migrate` itself, as an operator runs it against a member lacking <macros>."""
+    settings = Settings(data_dir=tmp_path)
+    database = f"c_{uuid.uuid4().hex[:8]}"
+    settings.clickhouse.dsn = f"{servers['no-macros'].url}/{database}"
+    settings.clickhouse.cluster, settings.clickhouse.replicated = CLUSTER, True
+    run = run_cli(settings, "migrate")
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert lines == ["gpumeter: error: clickhouse.replicated: the server's config has no {shard} macro "
+                     "(<macros>), which the Replicated tables' Keeper paths need"], run.stderr
+    client = clickhouse.connect(f"{servers['no-macros'].url}/{database}", create_database=False)
+    try:
+        assert client.query("SELECT count() FROM system.tables WHERE database = %(db)s",
+                            parameters={"db": database}).result_rows[0][0] == 0
     finally:
         client.close()

@@ -200,11 +200,11 @@ def seed(client: Any) -> list[dict[str, Any]]:
 def seeded(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, list]]:
     settings = isolated_settings(endpoints, Path(tmp_path_factory.mktemp("dash")))
     client = clickhouse.connect(settings.clickhouse.dsn)
-    schema.migrate(client)
+    schema.migrate(client, schema.topology(settings.clickhouse))
     documents = seed(client)
     yield client, documents
     client.close()
-    clickhouse.drop_database(settings.clickhouse.dsn)
+    clickhouse.drop_database(settings.clickhouse.dsn, settings.clickhouse.cluster)
 
 
 def range_for(sql: str) -> tuple[datetime, datetime]:

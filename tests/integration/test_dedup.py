@@ -21,6 +21,7 @@ from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.schema import EVENT_IDS_V5, PIPELINE, RATED_USAGE
+from gpumeter.infra.tables import Topology
 from testkit.builders import sample
 from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli
@@ -108,7 +109,7 @@ def test_ids_with_tabs_newlines_and_backslashes_are_found_again(settings: Settin
     from tests.integration.test_poison import rated_row_values
 
     awkward = ["tab\there", "new\nline", "back\\slash\\t", "cr\rret", "plain"]
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         first = sink.store_rated([tuple(rated_row_values(event_id)) for event_id in awkward])
         again = sink.store_rated([tuple(rated_row_values(event_id)) for event_id in awkward])
@@ -211,7 +212,7 @@ def assert_id_7_is_found(settings: Settings) -> None:
     start = datetime(2026, 11, 5, 0, 7, tzinfo=UTC)
     copy = {"tenant": "t1", "window_start": start, "window_end": start + timedelta(minutes=1),
             "quantity": Decimal(4), "unit_seconds": Decimal(240)}
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         same = sink.store_rated([tuple(rated_row_values("id-7", **copy))])
         other = sink.store_rated([tuple(rated_row_values("id-7", **{**copy, "tenant": "t2"}))])
@@ -221,6 +222,7 @@ def assert_id_7_is_found(settings: Settings) -> None:
     assert other.stored == 0 and [row[0] for row, _ in other.conflicts] == ["id-7"]
 
 
+@pytest.mark.single_node
 def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_once(settings: Settings) -> None:
     """A database at pipeline migration 4 (event_ids in EmbeddedRocksDB) with ids: migration 5."""
     migration_4 = next(m for m in PIPELINE.migrations if m.version == 4)
@@ -249,6 +251,7 @@ def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_onc
     assert_id_7_is_found(settings)
 
 
+@pytest.mark.single_node
 def test_migration_6_leaves_event_ids_hashes_uncompressed_and_every_id_found(settings: Settings) -> None:
     """A database at pipeline migration 5 as shipped (id_hash in the server's default codec)."""
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
@@ -276,6 +279,7 @@ CODEC_QUERY = ("SELECT compression_codec FROM system.columns WHERE database = cu
 HASHES = "SELECT groupArray(id_hash) FROM (SELECT id_hash FROM {table} ORDER BY id_hash)"
 
 
+@pytest.mark.single_node
 def test_migration_7_gives_every_recorded_id_its_hash_and_later_ids_come_through_the_view(
         settings: Settings) -> None:
     """A database at pipeline migration 6 with recorded ids: migration 7, run twice."""
@@ -303,7 +307,7 @@ def test_migration_7_gives_every_recorded_id_its_hash_and_later_ids_come_through
         client.close()
     assert_id_7_is_found(settings)
     # Ids recorded by the sink from now on reach event_id_hashes through the view.
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         assert sink.store_rated([tuple(rated_row_values(f"new-{i}")) for i in range(3)]).stored == 3
     finally:
@@ -322,7 +326,7 @@ def test_a_hash_without_its_recorded_row_does_not_make_an_id_billed(settings: Se
         client.command("INSERT INTO event_id_hashes SELECT sipHash64('ghost')")
     finally:
         client.close()
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         stored = sink.store_rated([tuple(rated_row_values("ghost"))])
     finally:
@@ -344,7 +348,7 @@ def test_a_repeated_insert_of_the_same_rows_is_dropped_by_the_engine(settings: S
 
     rows = [tuple(rated_row_values(f"named-{i}", source_offset=100 + i)) for i in range(20)]
     columns = list(RATED_USAGE.insert_columns)
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         assert sink.store_rated(rows).stored == 20
     finally:

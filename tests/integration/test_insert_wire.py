@@ -23,6 +23,7 @@ from gpumeter.infra import clickhouse
 from gpumeter.infra.insert import insert_rows
 from gpumeter.infra.rows import rated_row
 from gpumeter.infra.schema import EVENT_IDS, RATED_USAGE, USAGE_HOURLY
+from gpumeter.infra.tables import Topology
 from streams.sink import ClickHouseSink, connector
 from streams.stage import RatingStage, encode_rated
 from testkit import builders
@@ -217,7 +218,7 @@ def test_a_line_beyond_its_column_is_refused_alone_and_the_rest_stored(settings:
              if (outcome := stage.process(jsonio.dumpb(document), 0, offset)).rated is not None]
     poisoned = rated[4].model_copy(update={"utilization": Decimal(10) ** 12})  # Decimal(18, 6) holds < 10^12
     rows = [rated_row(usage, encode_rated(usage)) for usage in [*rated[:4], poisoned, *rated[5:]]]
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
         result = sink.store_rated(rows)

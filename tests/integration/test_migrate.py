@@ -23,6 +23,7 @@ APPLIED = ("SELECT owner, version, count() FROM schema_migrations GROUP BY owner
            "ORDER BY owner, version")
 
 
+@pytest.mark.single_node
 def test_four_migrate_commands_at_once_apply_each_migration_once_and_keep_every_row(
     settings: Settings,
 ) -> None:
@@ -88,6 +89,7 @@ def test_an_unknown_cluster_is_one_line_naming_the_setting_and_changes_nothing(s
         client.close()
 
 
+@pytest.mark.single_node
 def test_a_failed_migration_leaves_the_lock_released_and_its_version_unrecorded(settings: Settings) -> None:
     broken = SchemaOwner("broken", (
         Migration(1, "fine", ("CREATE TABLE IF NOT EXISTS fine (x UInt8) ENGINE = MergeTree ORDER BY x",)),

@@ -21,6 +21,7 @@ from gpumeter.core.records import join
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, kafka
 from gpumeter.infra.schema import RATED_USAGE
+from gpumeter.infra.tables import Topology
 from streams.sink import ClickHouseSink, connector
 from testkit.builders import OMIT, random_samples, sample
 from tests.integration.invoice_checks import count_rows, publish_lines
@@ -109,7 +110,7 @@ def rated_row_values(event_id: str, **changes: Any) -> list[Any]:
 
 def test_the_sink_stores_the_batch_and_returns_rows_the_engine_refuses(settings: Settings) -> None:
     """Defence in depth behind validation: the real client and engine judge what is storable."""
-    sink = ClickHouseSink(connector(settings.clickhouse.dsn))
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     good = [tuple(rated_row_values(f"good-{i}")) for i in range(7)]
     bad_priority = tuple(rated_row_values("bad-priority", priority=3_000_000_000))
     bad_energy = tuple(rated_row_values("bad-energy", energy_joules=Decimal("1e40")))

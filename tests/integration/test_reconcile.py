@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
+from gpumeter.app.schema import OWNERS
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
+from gpumeter.infra.tables import LOCAL_SUFFIX, Table
 from testkit.builders import L4, big_h100_user, sample
 from tests.integration.billing_data import configure, ingest_and_drain, ledger_rows, store_rated
 from tests.services import run_cli
@@ -29,6 +31,14 @@ def reconcile(settings: Settings, period: str = "2026-11") -> tuple[int, str, st
 
 
 def mutate(settings: Settings, statement: str) -> None:
+    """Tamper as an operator would; on a sharded database, in each shard's own table of a
+    sharded one (a Distributed table takes no mutation)."""
+    if settings.clickhouse.sharded:
+        name = statement.split()[2]
+        if any(table.name == name and table.shard_by is not None
+               for owner in OWNERS for table in owner.current if isinstance(table, Table)):
+            statement = statement.replace(f" {name} ", f" {name}{LOCAL_SUFFIX} ON CLUSTER "
+                                                       f"{settings.clickhouse.cluster} ", 1)
     client = clickhouse.connect(settings.clickhouse.dsn)
     try:
         client.command(statement, settings={"mutations_sync": 2})

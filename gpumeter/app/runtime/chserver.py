@@ -30,6 +30,8 @@ SERVE_SQL = (
     "SYSTEM START LISTEN HTTP; "
     "SELECT sleepEachRow(1) FROM system.numbers SETTINGS max_block_size = 1 FORMAT Null"
 )
+# A cluster member also answers the native protocol: Distributed tables reach their shards by it.
+LISTEN_TCP = "SYSTEM START LISTEN TCP; "
 
 
 def config_xml(http_port: int, tcp_port: int, host: str, fragment: str = "") -> str:
@@ -64,7 +66,8 @@ def self_test() -> None:
         raise SystemExit("chserver: chdb._chdb.query is missing; the local server cannot start")
 
 
-def serve(data_path: Path, http_port: int, tcp_port: int, host: str, fragment: str = "") -> None:
+def serve(data_path: Path, http_port: int, tcp_port: int, host: str, fragment: str = "",
+          listen_tcp: bool = False) -> None:
     """Blocks for the life of the server. Must run in a process of its own."""
     if host not in LOOPBACK:
         raise SystemExit(f"chserver: refusing to listen on {host}: the default user has no password")
@@ -78,7 +81,8 @@ def serve(data_path: Path, http_port: int, tcp_port: int, host: str, fragment: s
 
     os.chdir(workdir)  # LocalServer reads config.xml from the working directory
     print(f"chserver: serving {data_path} on http://{host}:{http_port}", flush=True)
-    _chdb.query(SERVE_SQL, "TabSeparated", path=str(data_path))  # type: ignore[attr-defined]
+    sql = (LISTEN_TCP if listen_tcp else "") + SERVE_SQL
+    _chdb.query(sql, "TabSeparated", path=str(data_path))  # type: ignore[attr-defined]
     raise SystemExit("chserver: the serving query ended unexpectedly")
 
 
@@ -89,6 +93,7 @@ class LocalClickHouse:
     port: int = 8123
     tcp_port: int = 9000
     config_fragment: str = ""  # XML elements added to config.xml
+    listen_tcp: bool = False  # also serve the native protocol on tcp_port (cluster members)
 
     @property
     def url(self) -> str:
@@ -125,6 +130,8 @@ class LocalClickHouse:
             fragment = self.home / "config-fragment.xml"
             fragment.write_text(self.config_fragment)
             argv += ["--config-fragment", str(fragment)]
+        if self.listen_tcp:
+            argv.append("--listen-tcp")
         process = spawn(argv, self.log_file, self.pid_file, self.home)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -147,9 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8123)
     parser.add_argument("--tcp-port", type=int, default=9000)
     parser.add_argument("--config-fragment", type=Path, help="a file of XML elements added to config.xml")
+    parser.add_argument("--listen-tcp", action="store_true",
+                        help="also serve the native protocol on --tcp-port (Distributed tables use it)")
     args = parser.parse_args(argv)
     fragment = args.config_fragment.read_text() if args.config_fragment else ""
-    serve(args.path, args.port, args.tcp_port, args.host, fragment)
+    serve(args.path, args.port, args.tcp_port, args.host, fragment, args.listen_tcp)
 
 
 if __name__ == "__main__":

@@ -93,3 +93,28 @@ def test_a_topology_that_cannot_be_laid_out_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match=says):
         Topology(cluster, replicated, sharded)
+
+
+IDENTIFIERS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FOLDING = ("Replacing", "Summing", "Aggregating", "Collapsing", "VersionedCollapsing")
+
+
+def test_a_folding_tables_sharding_key_columns_are_in_its_sort_key() -> None:
+    """What makes FINAL (and Summing merges) exact on a Distributed table: rows that fold share
+    a sort key, so they share the sharding key's columns, so they sit on one shard. A table
+    sharded by a column outside its sort key could leave two copies on two shards, unfolded."""
+    from gpumeter.app.schema import OWNERS
+    from gpumeter.infra.tables import Table
+
+    checked = []
+    for owner in OWNERS:
+        for table in owner.current:
+            if not isinstance(table, Table) or table.shard_by is None or not table.engine.startswith(FOLDING):
+                continue
+            columns = {column.name for column in table.columns}
+            keyed = {name for name in IDENTIFIERS.findall(table.shard_by) if name in columns}
+            sorted_by = set(IDENTIFIERS.findall(table.order_by or ""))
+            assert keyed and keyed <= sorted_by, (table.name, table.shard_by, table.order_by)
+            checked.append(table.name)
+    expected = {"rated_usage", "usage_hourly", "dead_letters", "quota_events", "advice", "forecasts"}
+    assert expected <= set(checked)
