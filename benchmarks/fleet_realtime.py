@@ -151,7 +151,7 @@ def _cpu_self() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _publisher_main(settings: Settings, config: FleetConfig, windows: int, first_at: float,
+def publisher_main(settings: Settings, config: FleetConfig, windows: int, first_at: float,
                     out: Any, stop: Any) -> None:
     """Publishes window k at ``first_at + k * window`` (wall clock); reports each window on ``out``."""
     setup_started = _cpu_self()
@@ -286,7 +286,7 @@ def run(settings: Settings, args: argparse.Namespace, client: Any, worker: Worke
     gpus = sum(config.gpus_on(model) * count for model, count in config.nodes.items())
     out: Any = MP.Queue()
     stop = MP.Event()
-    child = MP.Process(target=_publisher_main, args=(settings, config, windows, first_at, out, stop),
+    child = MP.Process(target=publisher_main, args=(settings, config, windows, first_at, out, stop),
                        daemon=True)
     child.start()
     offsets = GroupOffsets(settings)

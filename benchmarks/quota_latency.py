@@ -1,6 +1,7 @@
 """Quota enforcement latency: a crossing produced -> its eviction reaching the API server.
 
     .venv/bin/python -m benchmarks.quota_latency [--crossings 200] [--pace 0.1] [--skip-pipeline]
+        [--fleet-nodes 1250 | --quiet] [--window-seconds 15]
 
 Everything real, on this machine: Kafka and ClickHouse from `gpumeter up` (started if
 needed, in a namespace of topics and a database of its own, dropped afterwards), and the test
@@ -16,6 +17,15 @@ per crossing, all tenants ``on_exceed: preempt`` with ``grace_seconds: 0``:
   as in `gpumeter hooks`) -> Eviction API;
 - pipeline: the UsageSample that crosses the tenant's gpu_hours quota produced to the samples
   topic -> `gpumeter worker` (rating, quota accounting) -> quota event -> actuator -> Eviction API.
+
+Under load (the default, issue 34): while all three are measured, the 10,000-GPU fleet of
+benchmarks/fleet_realtime.py (``--fleet-nodes`` 8-GPU nodes, 1,250 by default) publishes a
+window of samples every ``--window-seconds`` in real time, from a process of its own, into the
+same samples topic and so the same worker (rating and quota accounting of every fleet sample
+before the crossings' samples behind them) and through the same broker as the raw hop. The
+clock starts once the fleet has published two windows. ``--quiet`` (``--fleet-nodes 0``)
+measures on a quiet worker as before. Targets: crossing sample -> eviction p99 < 1 s and
+<= 10 x the raw Kafka hop's p99 in the same run.
 
 "Reaching the API server" is observed through a watch on the pods: the first event showing
 the pod with a deletionTimestamp (or deleted). It follows the eviction's write to etcd by the
@@ -56,6 +66,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from benchmarks.fleet_realtime import fleet_config, publisher_main
 from benchmarks.result_file import write_results
 from gpumeter.app import schema
 from gpumeter.app.runtime import services
@@ -81,6 +92,73 @@ RESULTS = Path(__file__).resolve().parent / "results" / "quota-latency-latest.js
 BENCH_LABEL = "gpumeter.io/bench"
 PODS_PER_NODE = 100
 GPU_HOURS_LIMIT = "0.01"  # 36 GPU-seconds: one 60 s window of one GPU crosses it
+TARGET_P99_S = 1.0
+TARGET_P99_RATIO = 10.0  # crossing -> eviction p99 over the raw Kafka hop's p99
+FLEET_WINDOWS_BEFORE = 2  # fleet windows published before the clock starts (the worker is in step)
+
+
+# -- the background fleet --------------------------------------------------------------------------
+
+
+class BackgroundFleet:
+    """benchmarks/fleet_realtime.py's publisher in its own process, one window every
+    ``window_seconds`` of wall time into the benchmark's samples topic, until ``close``."""
+
+    def __init__(self, settings: Settings, nodes: int, window_seconds: int, seed: int = 42) -> None:
+        # Wall-clock aligned windows, the first a few seconds away (the publisher's set-up).
+        first_at = -(-(time.time() + 8) // window_seconds) * window_seconds
+        config = fleet_config(nodes, window_seconds, seed,
+                              datetime.fromtimestamp(first_at - window_seconds, UTC))
+        self.gpus = sum(config.gpus_on(model) * count for model, count in config.nodes.items())
+        self.window_seconds = window_seconds
+        self.windows: list[dict[str, Any]] = []  # each published window's report
+        self.late: list[float] = []  # seconds each window started after it was due
+        self.done = threading.Event()
+        self._out: Any = MP.Queue()
+        self._stop: Any = MP.Event()
+        self._process = MP.Process(target=publisher_main,
+                                   args=(settings, config, 10**6, first_at, self._out, self._stop),
+                                   daemon=True)
+        self._process.start()
+        self._reader = threading.Thread(target=self._read, name="fleet-reports", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._out.get(timeout=1.0)
+            except queue.Empty:
+                if not self._process.is_alive():
+                    break
+                continue
+            if message[0] == "window":
+                report = message[1]
+                self.late.append(report["started"] - report["due"])
+                self.windows.append({k: report[k] for k in ("index", "samples", "cpu_s", "gpus_in_use")})
+            elif message[0] == "done":
+                break
+        self.done.set()
+
+    def wait_windows(self, count: int, timeout: float) -> None:
+        wait_until(lambda: len(self.windows) >= count or self.done.is_set(),
+                   what=f"{count} fleet windows published", timeout=timeout)
+        if len(self.windows) < count:
+            raise RuntimeError("the fleet publisher stopped before publishing")
+
+    def close(self) -> dict[str, Any]:
+        self._stop.set()
+        self.done.wait(60)
+        self._process.join(30)
+        samples = [w["samples"] for w in self.windows]
+        return {
+            "nodes_8_gpu": self.gpus // 8,
+            "gpus": self.gpus,
+            "window_s": self.window_seconds,
+            "windows_published": len(self.windows),
+            "samples_per_window_mean": statistics.fmean(samples) if samples else 0.0,
+            "samples_per_second": (statistics.fmean(samples) / self.window_seconds) if samples else 0.0,
+            "window_start_late_max_s": max(self.late, default=0.0),
+        }
 
 
 # -- the control plane -----------------------------------------------------------------------------
@@ -609,7 +687,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace", type=float, default=0.1, help="seconds between two crossings")
     parser.add_argument("--skip-pipeline", action="store_true", help="only the raw hop and the actuator")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs) afterwards")
+    parser.add_argument("--fleet-nodes", type=int, default=1250,
+                        help="8-GPU nodes of the fleet publishing in real time into the same worker "
+                             "while measuring (1,250 = 10,000 GPUs); 0: none")
+    parser.add_argument("--quiet", action="store_true", help="no background fleet (= --fleet-nodes 0)")
+    parser.add_argument("--window-seconds", type=int, default=15, help="the fleet's window")
     args = parser.parse_args(argv)
+    if args.quiet:
+        args.fleet_nodes = 0
+    if args.fleet_nodes < 0 or args.window_seconds <= 0:
+        parser.error("--fleet-nodes must be >= 0 and --window-seconds positive")
 
     base = load_settings()
     with console.status("starting local services..."):
@@ -645,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         "pace_s": args.pace,
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg()[0],
+        "background": f"fleet of {args.fleet_nodes * 8:,} GPUs" if args.fleet_nodes else "quiet",
     }
     try:
         with control_plane(workdir / "kube") as kube, kube.api_client() as api:
@@ -658,10 +746,19 @@ def main(argv: list[str] | None = None) -> int:
                 )
             processes = Processes()
             sent: dict[str, float] = {}
+            fleet: BackgroundFleet | None = None
             try:
                 processes.start(settings, kube, tenants_file, workdir / "worker.log" if piped else None)
+                if args.fleet_nodes:
+                    fleet = BackgroundFleet(settings, args.fleet_nodes, args.window_seconds)
+                    with console.status(f"the fleet ({fleet.gpus:,} GPUs) publishing its first "
+                                        f"{FLEET_WINDOWS_BEFORE} windows..."):
+                        fleet.wait_windows(FLEET_WINDOWS_BEFORE, timeout=300 + 3 * args.window_seconds)
+                    results["load_average_fleet_on"] = os.getloadavg()[0]
                 results.update(measure(settings, api, watch, warm, direct, piped, args.pace, sent))
             finally:
+                if fleet is not None:
+                    results["fleet"] = fleet.close()
                 # Before the control plane goes: nothing left talking to a stopped API server.
                 processes.close()
                 watch.close()
@@ -689,7 +786,8 @@ def report(results: dict[str, Any]) -> None:
         "p50 / raw",
         "p99 / raw",
         title_justify="left",
-        title=f"quota enforcement latency, {results['crossings']} crossings each, grace 0",
+        title=f"quota enforcement latency, {results['crossings']} crossings each, grace 0, "
+              f"background: {results['background']}",
     )
     rows = [
         ("raw Kafka hop (produce -> consume)", "raw_kafka"),
@@ -722,6 +820,21 @@ def report(results: dict[str, Any]) -> None:
         for hop, data in hops.items():
             if "p50_s" not in data:
                 console.print(f"  {hop}: " + ", ".join(f"{k} {v:,.0f}" for k, v in data.items()))
+    if "fleet" in results:
+        fleet = results["fleet"]
+        console.print(f"fleet: {fleet['gpus']:,} GPUs, {fleet['windows_published']} windows of "
+                      f"{fleet['samples_per_window_mean']:,.0f} samples ({fleet['samples_per_second']:,.0f} "
+                      f"samples/s) into the same worker; a window started at most "
+                      f"{fleet['window_start_late_max_s']:.1f} s late")
+    if "pipeline" in results:
+        p99, ratio = results["pipeline"]["p99_s"], results["pipeline"]["p99_ratio_vs_raw"]
+        results["targets"] = {"p99_under_1s": p99 < TARGET_P99_S,
+                              "p99_ratio_at_most_10": ratio <= TARGET_P99_RATIO}
+        console.print(
+            f"crossing -> eviction p99 {p99 * 1000:,.0f} ms (target < {TARGET_P99_S * 1000:,.0f} ms: "
+            f"{'met' if p99 < TARGET_P99_S else 'NOT met'}), {ratio:.1f} x the raw Kafka hop's p99 "
+            f"{results['raw_kafka']['p99_s'] * 1000:,.1f} ms (target <= {TARGET_P99_RATIO:.0f} x: "
+            f"{'met' if ratio <= TARGET_P99_RATIO else 'NOT met'}); background: {results['background']}")
     console.print(
         f"{results['cpus']} CPUs; 1-minute load average {results['load_average_before']:.1f} before, "
         f"{results['load_average_after']:.1f} after"

@@ -57,10 +57,10 @@ from benchmarks.fleet_realtime import (
     GroupOffsets,
     SentLog,
     Window,
-    _publisher_main,
     committed_all,
     fleet_config,
     lag_chart,
+    publisher_main,
 )
 from benchmarks.pipeline import cpu_seconds, free_port, make_payloads, percentile, publish, wait_stored
 from benchmarks.pipeline_cluster import start_cluster, stop_cluster
@@ -311,7 +311,7 @@ def run(soak: Soak, settings: Settings, client: Any) -> dict[str, Any]:
     gpus = sum(config.gpus_on(model) * count for model, count in config.nodes.items())
     out: Any = MP.Queue()
     stop = MP.Event()
-    child = MP.Process(target=_publisher_main, args=(settings, config, windows, first_at, out, stop),
+    child = MP.Process(target=publisher_main, args=(settings, config, windows, first_at, out, stop),
                        daemon=True)
     child.start()
     offsets = Offsets(settings)

@@ -1,11 +1,12 @@
 """Pieces of the kube extender's JSON answers, encoded once per node instead of per request.
 
-A 5,000-node prioritize answer is thousands of small JSON fragments that change only when a
-node's allocation does. The fit tables (``placement.FitTable``) keep each node's fragment
-next to its score, updated with it, so a request joins ready bytes in C
-instead of building a dict per node and encoding it. The fragments are exactly what orjson
-writes for the same values; names orjson refuses (a lone surrogate from a ``\\ud800`` escape)
-are written by the standard library instead, as the plain path does.
+A 5,000-node prioritize or filter answer is thousands of small JSON fragments (a
+HostPriority, a FailedNodes member) that change only when a node's allocation does. The fit
+tables (``placement.FitTable``) keep each node's fragments next to its score, updated with it,
+so a request joins ready bytes in C instead of building a dict per node and encoding it. The
+fragments are exactly what orjson writes for the same values; names orjson refuses (a lone
+surrogate from a ``\\ud800`` escape) are written by the standard library instead, as the plain
+path does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ def json_string(text: str) -> bytes:
         return orjson.dumps(text)
     except TypeError:  # a lone surrogate: only the standard library writes it (escaped)
         return json.dumps(text).encode()
+
+
+def json_value(value: object) -> bytes:
+    """``value`` as compact JSON, as the server encodes an answer: orjson, or the standard
+    library where orjson refuses (a lone surrogate, an integer beyond 64 bits)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+def failed_piece(name: str, reason: str) -> bytes:
+    """One FailedNodes member: ``<name>:<reason>``, both as JSON strings."""
+    return json_string(name) + b":" + json_string(reason)
 
 
 def host_piece(name: str, score: int) -> bytes:

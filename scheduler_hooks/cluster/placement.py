@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from gpumeter.core.kube import schedulable_units
 from gpumeter.core.models import NodeAllocation, NodeTopology
-from scheduler_hooks.cluster.json_pieces import KnownHosts, host_piece
+from scheduler_hooks.cluster.json_pieces import KnownHosts, failed_piece, host_piece
 
 MAX_SCORE = 10
 NEUTRAL_SCORE = 5
@@ -439,17 +439,19 @@ class FitTable:
     (the filter's failures; one string object per free count). A node absent from both is
     unknown to the index: it passes and scores ``NEUTRAL_SCORE``. ``hosts`` is the same
     answer as the kube wire's JSON pieces (``json_pieces``): every node's
-    ``{"Host":..,"Score":..}`` (an unknown name answers the neutral piece). ``PlacementIndex``
+    ``{"Host":..,"Score":..}`` (an unknown name answers the neutral piece); ``failed``: for
+    the nodes of ``short``, their FailedNodes member ``"<node>":"<reason>"``. ``PlacementIndex``
     keeps them all current; readers must not mutate them.
     """
 
-    __slots__ = ("_reasons", "hosts", "k", "scores", "short")
+    __slots__ = ("_reasons", "failed", "hosts", "k", "scores", "short")
 
     def __init__(self, k: int) -> None:
         self.k = k
         self.scores: dict[str, int] = {}
         self.short: dict[str, str] = {}
         self.hosts = KnownHosts(NEUTRAL_SCORE)
+        self.failed: dict[str, bytes] = {}
         self._reasons: dict[int, str] = {}
 
     def set(self, node: str, entry: NodeEntry) -> None:
@@ -459,16 +461,19 @@ class FitTable:
             reason = self._reasons.get(free)
             if reason is None:
                 reason = self._reasons[free] = capacity_message(free, self.k)
+            if self.short.get(node) is not reason:
+                self.failed[node] = failed_piece(node, reason)
             self.short[node] = reason
             value = 0
         else:
             self.short.pop(node, None)
+            self.failed.pop(node, None)
         if self.scores.get(node) != value or node not in self.hosts:
             self.hosts[node] = host_piece(node, value)
         self.scores[node] = value
 
     def forget(self, node: str) -> None:
-        for answers in (self.scores, self.short, self.hosts):
+        for answers in (self.scores, self.short, self.hosts, self.failed):
             answers.pop(node, None)
 
 

@@ -109,6 +109,14 @@ class Policy:
             return None
         return self.view.placement.fit(pod.gpus)
 
+    def filter_table(self, pod: PodRequest) -> FitTable | None:
+        """The fit table that alone answers this pod's filter (the encoded fast path); None where
+        more than fit decides it: also a tenant with a per-model budget exhausted, whose nodes
+        of that model fail with their own reason (``filter``)."""
+        if self.view.tenant_of(pod.namespace) in self.view.blocked_models:
+            return None
+        return self.fit_table(pod)
+
     # -- kube-scheduler verbs --------------------------------------------------------------
     def filter(self, pod: PodRequest, node_names: Iterable[str], *, distinct: bool = True) -> FilterResult:
         """Passed names in input order, failures with their reasons.

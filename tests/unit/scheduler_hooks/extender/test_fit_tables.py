@@ -22,6 +22,7 @@ from scheduler_hooks.extender.policy import PodRequest, Policy
 from scheduler_hooks.extender.server import encode
 from scheduler_hooks.extender.wire_kube import (
     encode_host_priorities,
+    filter_answer,
     handle_filter,
     handle_prioritize,
     handle_prioritize_encoded,
@@ -36,14 +37,16 @@ def short(free: int, k: int) -> str:
 def answer(index: PlacementIndex, node: str, k: int) -> tuple[int | None, str | None]:
     """(score, failure reason) of one node in the fit table of k; (None, None) when absent.
 
-    Also checks the table's host piece says the same: it carries the score (an absent node
-    answers the neutral 5 without being stored).
+    Also checks the table's pieces say the same: the host piece carries the score (an absent
+    node answers the neutral 5 without being stored), the FailedNodes member the reason.
     """
     table = index.fit(k)
     score, reason = table.scores.get(node), table.short.get(node)
     shown = 5 if score is None else score
     assert table.hosts[node] == b'{"Host":"%s","Score":%d}' % (node.encode(), shown)
     assert (node in table.hosts) == (score is not None)
+    member = None if reason is None else b'"%s":"%s"' % (node.encode(), reason.encode())
+    assert table.failed.get(node) == member
     return score, reason
 
 
@@ -168,10 +171,19 @@ def extender_args(names: list[str], namespace: str = "team-a") -> dict[str, Any]
 
 
 def test_filter_answer_lists_a_repeated_name_as_often_as_sent() -> None:
-    answer_ = handle_filter(extender_args(["h100-a", "l40s-b", "h100-a", "mystery"]), POLICY)
+    answer_ = filter_answer(extender_args(["h100-a", "l40s-b", "h100-a", "mystery"]), POLICY)
     assert answer_["NodeNames"] == ["h100-a", "h100-a", "mystery"]
     assert answer_["FailedNodes"] == {"l40s-b": short(1, 2)}
     assert answer_["Nodes"] is None
+
+
+def test_encoded_filter_names_a_failing_node_sent_twice_once() -> None:
+    encoded = handle_filter(extender_args(["l40s-b", "h100-a", "l40s-b", "h100-a"]), POLICY)
+    assert encoded == (
+        b'{"Nodes":null,"NodeNames":["h100-a","h100-a"],'
+        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
+        b'"FailedAndUnresolvableNodes":{},"Error":""}'
+    )
 
 
 ESCAPED = ['quo"te', "\u00fc-node", "\ud800x", "l40s-b", "back\\slash"]
@@ -203,10 +215,32 @@ def test_filter_answers_from_the_fit_tables(
 ) -> None:
     document = {"Pod": pod_json(namespace=namespace, gpus=gpus), "Nodes": None, "NodeNames": names}
     passed, failed, unresolvable = expected
-    assert handle_filter(document, POLICY) == {
+    plain = filter_answer(document, POLICY)
+    assert plain == {
         "Nodes": None, "NodeNames": passed, "FailedNodes": failed,
         "FailedAndUnresolvableNodes": unresolvable, "Error": "",
     }
+    # What the server sends (joined from the fit table's pieces where it can) is the plain
+    # answer encoded, byte for byte.
+    assert handle_filter(document, POLICY) == encode(plain)
+
+
+def test_encoded_filter_follows_the_table_as_allocations_change() -> None:
+    state = HooksState()
+    for name in ("a", "b", "c"):
+        state.apply_topology(h100(name))
+    policy = Policy(state.view)
+    document = extender_args(["a", "b", "c", "gone"])  # 2 GPUs
+    state.apply_allocation(allocation("b", 0, 1, 2, 3, 4, 5, 6))  # 1 free
+    first = json.loads(handle_filter(document, policy))
+    assert (first["NodeNames"], first["FailedNodes"]) == (["a", "c", "gone"], {"b": short(1, 2)})
+    state.apply_allocation(allocation("b"))  # all free again
+    state.apply_allocation(allocation("c", 0, 1, 2, 3, 4, 5, 6, 7))  # none free
+    then = json.loads(handle_filter(document, policy))
+    assert (then["NodeNames"], then["FailedNodes"]) == (["a", "b", "gone"], {"c": short(0, 2)})
+    state.placement.remove("c")  # unknown again: passes
+    assert json.loads(handle_filter(document, policy))["NodeNames"] == ["a", "b", "c", "gone"]
+    assert handle_filter(document, policy) == encode(filter_answer(document, policy))
 
 
 def test_filter_json_as_the_server_sends_it() -> None:
@@ -223,7 +257,8 @@ def test_filter_json_as_the_server_sends_it() -> None:
 def test_filter_with_full_nodes_answers_the_passing_items() -> None:
     items = [{"metadata": {"name": name}} for name in ("l40s-b", "h100-a")]
     document = {"Pod": pod_json(gpus=2), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
-    answer_ = handle_filter(document, POLICY)
+    assert handle_filter(document, POLICY) == encode(filter_answer(document, POLICY))
+    answer_ = filter_answer(document, POLICY)
     assert answer_["Nodes"] == {"metadata": {}, "items": [items[1]]}
     assert answer_["NodeNames"] is None
     assert answer_["FailedNodes"] == {"l40s-b": short(1, 2)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from scheduler_hooks.extender.policy import (
     Policy,
     Victim,
 )
+from scheduler_hooks.extender.wire_kube import handle_filter
 from tests.unit.scheduler_hooks.builders import SAMPLE_NODES, sample_placement
 
 NODES = SAMPLE_NODES
@@ -318,3 +320,17 @@ def test_every_node_sent_of_an_exhausted_model_refuses_the_pod_everywhere() -> N
     assert sorted(result.unresolvable) == ["h100-a", "h100-b", "l40s-a"]
     assert result.unresolvable["l40s-a"] == (
         "gpumeter: tenant team-a over max_gpus quota: for L40S- GPUs (node l40s-a has L40S-48GB)")
+
+
+def test_the_wire_answer_of_a_model_budget_is_the_policys_whatever_path_encodes_it() -> None:
+    """The server's filter (NodeNames alone: the encoded fast path for a pod its tenant's quota
+    lets through) must still fail the nodes of an exhausted model, as ``filter`` does."""
+    policy = model_view(ModelBlock("gpu_hours", "H100-", ("H100-",)))
+    document = {"Pod": {"metadata": {"name": "p", "namespace": "team-a", "uid": "u"},
+                        "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}]}},
+                "NodeNames": NODES}
+    answer = json.loads(handle_filter(document, policy))
+    expected = policy.filter(pod(gpus=2), NODES, distinct=False)
+    assert answer["NodeNames"] == expected.passed == ["l40s-a", "mystery"]
+    assert answer["FailedNodes"] == expected.failed
+    assert set(answer["FailedNodes"]) == {"h100-a", "h100-b", "l40s-b"}
