@@ -219,7 +219,8 @@ def pod_namespace(namespace_file: Path = SERVICE_ACCOUNT_NAMESPACE_FILE) -> str:
     return found or "default"
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """``host`` is localhost or a loopback address (a name other than localhost may resolve anywhere)."""
     if host == "localhost":
         return True
     try:
@@ -270,7 +271,7 @@ class HooksSettings(BaseModel):
     @model_validator(mode="after")
     def _plaintext_only_on_loopback(self) -> HooksSettings:
         host = self.listen.rpartition(":")[0]
-        if self.tls_cert is None and not self.allow_plaintext and not _loopback(host):
+        if self.tls_cert is None and not self.allow_plaintext and not is_loopback(host):
             raise ValueError(
                 f"hooks.listen {self.listen} without hooks.tls_cert serves every tenant's quota state "
                 "in plain HTTP to anyone who can reach it: set hooks.tls_cert, hooks.tls_key and "

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NoReturn
 
+from gpumeter.app.cli.errors import UsageError
 from gpumeter.core.tenants import PERIOD_PATTERN
 
 PERIOD = re.compile(PERIOD_PATTERN)
@@ -32,6 +33,17 @@ def aware_time(value: str) -> datetime:
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"the time needs an offset (e.g. Z), got {value!r}")
     return moment
+
+
+def instant(flag: str, text: str) -> datetime:
+    """``text``, the value of ``flag``, as an aware UTC time; a usage error naming the flag."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{flag}: not an RFC 3339 time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise UsageError(f"{flag}: needs a UTC offset (e.g. Z): {text!r}")
+    return moment.astimezone(UTC)
 
 
 def positive_number(value: str) -> float:

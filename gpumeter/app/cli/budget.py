@@ -21,11 +21,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpumeter.app.cli.arguments import Parser
+from gpumeter.app.cli.arguments import Parser, instant
 from gpumeter.app.cli.errors import Failure, UsageError
 from gpumeter.core.config_files import ConfigError
 from gpumeter.core.grants import AMOUNT_PLACES, GrantMetric, GrantRecord
 from gpumeter.core.settings import Settings
+from gpumeter.core.tenants import TenantPolicy, load_tenants
 from gpumeter.core.validation import TENANT_PATTERN
 
 
@@ -57,7 +58,6 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def grant(settings: Settings, args: argparse.Namespace) -> int:
-    from gpumeter.core.tenants import load_tenants
     from gpumeter.infra import grants as store
     from quota.grants import GrantError, check_new
 
@@ -68,19 +68,13 @@ def grant(settings: Settings, args: argparse.Namespace) -> int:
     if args.corrects is not None and (args.effective or args.expires or args.rollover):
         raise UsageError("--corrects: a correction counts over the range of the grant it corrects; "
                          "give no --effective, --expires or --rollover")
-    try:
-        policies = load_tenants(settings.tenants)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    policy = policies.policy(args.tenant)
-    if policy is None:
-        raise UsageError(f"--tenant: {args.tenant} is not in the tenants file ({settings.tenants})")
+    policy = _tenant_policy(settings, args.tenant)
     client = _client(settings)
     try:
         before = store.read(client, args.tenant)
         terms: dict[str, Any] = {
-            "effective_at": _instant("--effective", args.effective) if args.effective else now,
-            "expires_at": _instant("--expires", args.expires) if args.expires else None,
+            "effective_at": instant("--effective", args.effective) if args.effective else now,
+            "expires_at": instant("--expires", args.expires) if args.expires else None,
             "rollover": args.rollover,
         }
         if args.corrects is not None:
@@ -116,20 +110,13 @@ def grant(settings: Settings, args: argparse.Namespace) -> int:
 
 def show(settings: Settings, args: argparse.Namespace) -> int:
     from gpumeter.app.cli.quota import _read_states
-    from gpumeter.core.tenants import load_tenants
     from gpumeter.core.topics import ledger_changelog_topic
     from gpumeter.infra import grants as store
     from quota.grants import GrantError, active, fold, of_file
     from quota.periods import period_end, period_key, period_start
     from streams.quota import tenant_status
 
-    try:
-        policies = load_tenants(settings.tenants)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    policy = policies.policy(args.tenant)
-    if policy is None:
-        raise UsageError(f"--tenant: {args.tenant} is not in the tenants file ({settings.tenants})")
+    policy = _tenant_policy(settings, args.tenant)
     client = _client(settings)
     try:
         records = store.read(client, args.tenant)
@@ -142,7 +129,7 @@ def show(settings: Settings, args: argparse.Namespace) -> int:
     changelog = ledger_changelog_topic(settings.kafka.topic_prefix, settings.worker.group)
     states = _read_states(settings, changelog)
     state = states.get(args.tenant)
-    at = (_instant("--at", args.at) if args.at else
+    at = (instant("--at", args.at) if args.at else
           state.clock if state is not None and state.clock is not None else datetime.now(UTC))
     status = tenant_status(args.tenant, state, policy, at, settings.quota.stale_seconds, table_grants)
     every = [*of_file(policy.grants), *table_grants]
@@ -193,6 +180,18 @@ def _runway(used: Decimal, remaining: Decimal, elapsed: timedelta, left: timedel
     return f"{(runway / 3600).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)} h at the current rate"
 
 
+def _tenant_policy(settings: Settings, tenant: str) -> TenantPolicy:
+    """``tenant``'s policy in the tenants file; a usage error when it is not there."""
+    try:
+        policies = load_tenants(settings.tenants)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    policy = policies.policy(tenant)
+    if policy is None:
+        raise UsageError(f"--tenant: {tenant} is not in the tenants file ({settings.tenants})")
+    return policy
+
+
 def _client(settings: Settings) -> Any:
     from gpumeter.app import schema
     from gpumeter.infra import clickhouse
@@ -217,15 +216,6 @@ def _amount(flag: str, text: str, metric: GrantMetric) -> Decimal:
         raise UsageError(f"{flag}: a grant of 0 changes nothing")
     return value
 
-
-def _instant(flag: str, text: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{flag}: not an RFC 3339 time: {text!r}") from None
-    if moment.tzinfo is None:
-        raise UsageError(f"{flag}: needs a UTC offset (e.g. Z): {text!r}")
-    return moment.astimezone(UTC)
 
 
 def _field_error(exc: ValueError) -> str:

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from gpumeter.app.cli.arguments import Parser
+from gpumeter.app.cli.arguments import Parser, instant
 from gpumeter.app.cli.errors import Failure, UsageError
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import load_tenants
@@ -53,7 +53,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def status(settings: Settings, args: argparse.Namespace) -> int:
-    at = _instant(args.at) if args.at else None
+    at = instant("--at", args.at) if args.at else None
     if args.tenant is not None and not re.match(TENANT_PATTERN, args.tenant):
         raise UsageError(f"--tenant: not a tenant name: {args.tenant!r}")
     policies = load_tenants(settings.tenants)
@@ -81,15 +81,6 @@ def status(settings: Settings, args: argparse.Namespace) -> int:
         _print_table(report, documents)
     return 0
 
-
-def _instant(text: str) -> datetime:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"--at: not an RFC 3339 time: {text!r}") from None
-    if moment.tzinfo is None:
-        raise UsageError(f"--at: needs a UTC offset (e.g. Z): {text!r}")
-    return moment.astimezone(UTC)
 
 
 def _read_states(settings: Settings, topic: str) -> dict[str, LedgerState]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import ipaddress
 import re
 import shutil
 import socket
@@ -14,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpumeter.app.runtime.process import log_tail, read_pid, spawn, stop
-from gpumeter.core.settings import KafkaSettings, cache_dir
+from gpumeter.core.settings import KafkaSettings, cache_dir, is_loopback
 
 KAFKA_VERSION = "4.1.1"
 
@@ -161,7 +160,7 @@ class LocalBroker:
         # the metadata log, so the controller listener cannot use SCRAM itself.) That is safe
         # only because both listeners bind to loopback and clients are only ever given CLIENT
         # (``bootstrap``); a node on any other address is refused here.
-        if not _loopback(self.host):
+        if not is_loopback(self.host):
             raise RuntimeSetupError(f"Kafka ACLs with an unauthenticated internal listener need a loopback "
                                     f"host, not {self.host}")
         principals = ["User:ANONYMOUS", *(f"User:{name}" for name in client.super_users)]
@@ -242,14 +241,6 @@ class LocalBroker:
     def failure_detail(self) -> str:
         return f"see {self.log_file}:\n{log_tail(self.log_file)}"
 
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def new_cluster_id() -> str:
