@@ -25,6 +25,7 @@ from gpumeter.infra.tables import Topology
 from testkit.builders import sample
 from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli
+from tests.support.migrations import pipeline_since
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +166,7 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         rollup_before = client.query(ROLLUP_TOTALS).result_rows
 
         applied = migrations.migrate(client, [PIPELINE])
-        assert applied == ["pipeline/4", "pipeline/5", "pipeline/6", "pipeline/7", "pipeline/8"]
+        assert applied == pipeline_since(4)
 
         after = client.query(TOTALS).result_rows
         rollup_after = client.query(ROLLUP_TOTALS).result_rows
@@ -235,7 +236,7 @@ def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_onc
         client.command(RECORDED_IDS.format(count=2000))
         before = client.query(EVENT_ID_ROWS).result_rows
 
-        assert migrations.migrate(client, [PIPELINE]) == [f"pipeline/{v}" for v in (5, 6, 7, 8)]
+        assert migrations.migrate(client, [PIPELINE]) == pipeline_since(5)
         for version in (5, 6, 7, 8):  # migration 5 again, as after a failure part-way, and on
             rerun(client, version)  # still each id once
 
@@ -264,7 +265,7 @@ def test_migration_6_leaves_event_ids_hashes_uncompressed_and_every_id_found(set
         client.command(RECORDED_IDS.format(count=500))
         before = client.query(EVENT_ID_ROWS).result_rows
 
-        assert migrations.migrate(client, [PIPELINE]) == ["pipeline/6", "pipeline/7", "pipeline/8"]
+        assert migrations.migrate(client, [PIPELINE]) == pipeline_since(6)
         rerun(client, 6)
 
         assert clickhouse.scalar(client, CODEC_QUERY) == "CODEC(NONE)"
@@ -293,7 +294,7 @@ def test_migration_7_gives_every_recorded_id_its_hash_and_later_ids_come_through
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 7")
         client.command(RECORDED_IDS.format(count=500))
 
-        assert migrations.migrate(client, [PIPELINE]) == ["pipeline/7", "pipeline/8"]
+        assert migrations.migrate(client, [PIPELINE]) == pipeline_since(7)
         rerun(client, 7)  # each hash still once
         rerun(client, 8)
         # Ids recorded before migration 8 have no known position: never a replay's own claim.
