@@ -226,3 +226,29 @@ def wait_until(predicate: object, timeout: float, message: str, interval: float 
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s: {message}")
+
+
+@contextlib.contextmanager
+def running_api(settings: Settings, log_path: Path) -> Iterator[str]:
+    """`gpumeter api` as its own process on ``settings.api.listen``, answering ``/healthz``:
+    its base URL, until the block ends (its output goes to ``log_path``)."""
+    import httpx
+
+    url = f"http://{settings.api.listen}"
+    with log_path.open("w") as log:
+        server = subprocess.Popen([sys.executable, "-m", "gpumeter.app.cli", "api"],
+                                  env=settings_env(settings), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+        def healthy() -> bool:
+            assert server.poll() is None, log_path.read_text()
+            try:
+                return httpx.get(url + "/healthz", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        try:
+            wait_until(healthy, 60, "gpumeter api answers /healthz")
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)

@@ -10,8 +10,6 @@ import csv
 import hashlib
 import io
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,11 +31,11 @@ from schemathesis.checks import (
 )
 
 from gpumeter.app import schema
-from gpumeter.core.settings import Settings, settings_env
+from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
 from testkit.builders import CARDS, L4, big_h100_user, sample
 from tests.integration.billing_data import configure, ledger_rows, store_rated
-from tests.services import REPO, Endpoints, free_port, isolated_settings, run_cli, wait_until
+from tests.services import Endpoints, free_port, isolated_settings, run_cli, running_api
 from tests.unit import reference_billing as ref
 
 pytestmark = pytest.mark.integration
@@ -101,32 +99,11 @@ def api(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Itera
     configured.api.tokens = tokens
     # The property-based run below makes hundreds of requests a second: not what it tests.
     configured.api.rate_limit, configured.api.rate_burst = 100_000, 100_000
-    port = free_port()
-    configured.api.listen = f"127.0.0.1:{port}"
-    log = (tmp / "api.log").open("w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gpumeter.app.cli", "api"],
-        env=settings_env(configured),
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert server.poll() is None, (tmp / "api.log").read_text()
-        try:
-            return httpx.get(url + "/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
+    configured.api.listen = f"127.0.0.1:{free_port()}"
     try:
-        wait_until(healthy, 60, "gpumeter api answers /healthz")
-        yield Api(url, configured, on_time, late, team_b)
+        with running_api(configured, tmp / "api.log") as url:
+            yield Api(url, configured, on_time, late, team_b)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
         clickhouse.drop_database(configured.clickhouse.dsn)
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -25,12 +23,12 @@ import httpx
 import pytest
 
 from gpumeter.app import schema
-from gpumeter.core.settings import Settings, settings_env
+from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
 from pricing import store
 from testkit.builders import CARDS, random_samples
 from tests.integration.billing_data import configure, ledger_rows, store_rated
-from tests.services import REPO, Endpoints, free_port, isolated_settings, run_cli, wait_until
+from tests.services import Endpoints, free_port, isolated_settings, run_cli, running_api, wait_until
 from tests.unit import reference_billing as ref
 
 pytestmark = pytest.mark.integration
@@ -67,25 +65,10 @@ def served(endpoints: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> It
                                               "role": "finance"}]}))
     configured.api.tokens = tokens
     configured.api.listen = f"127.0.0.1:{free_port()}"
-    log = (tmp / "api.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "gpumeter.app.cli", "api"], env=settings_env(configured),
-                              cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://{configured.api.listen}"
-
-    def healthy() -> bool:
-        assert server.poll() is None, (tmp / "api.log").read_text()
-        try:
-            return httpx.get(url + "/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
     try:
-        wait_until(healthy, 60, "gpumeter api answers /healthz")
-        yield Served(url, configured, samples)
+        with running_api(configured, tmp / "api.log") as url:
+            yield Served(url, configured, samples)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
         clickhouse.drop_database(configured.clickhouse.dsn)
 
 
