@@ -13,7 +13,6 @@ checked here, not the test's.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from decimal import Decimal
@@ -28,8 +27,9 @@ from gpumeter.core import topics
 from gpumeter.core.records import split
 from gpumeter.infra import clickhouse
 from testkit.builders import shipped_rate_card_documents, shipped_tenant_documents
+from tests.e2e.demo_services import demo_environment
 from tests.integration.invoice_checks import assert_invoices_match
-from tests.services import REPO, free_port
+from tests.services import REPO
 from tests.unit import reference_billing as ref
 
 pytestmark = pytest.mark.integration
@@ -73,17 +73,7 @@ def billable_shape(line: bytes) -> dict[str, Any] | None:
 
 
 def test_demo_runs_and_bills_exactly_what_it_published(tmp_path: Path) -> None:
-    bootstrap = f"127.0.0.1:{free_port()}"
-    http_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
-    env.update({
-        "GPUMETER_DATA_DIR": str(tmp_path / "data"),
-        "GPUMETER_KAFKA_BOOTSTRAP": bootstrap,
-        "GPUMETER_KAFKA_CONTROLLER_PORT": str(free_port()),
-        "GPUMETER_KAFKA_HEAP": "512m",
-        "GPUMETER_CLICKHOUSE_DSN": f"http://127.0.0.1:{http_port}/gpumeter",
-        "GPUMETER_WORKER_METRICS_PORT": "0",
-    })
+    env, bootstrap, http_port = demo_environment(tmp_path)
     run = [sys.executable, "-m", "gpumeter.app.cli"]
     try:
         demo = subprocess.run([*run, "demo", "--seconds", "15"], cwd=tmp_path, env=env, capture_output=True,

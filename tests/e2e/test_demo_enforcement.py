@@ -17,7 +17,6 @@ limits of the shipped tenants file, evictions from ``preemptions``. Checked:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -30,7 +29,8 @@ import yaml
 
 from gpumeter.app.demo import DEMO_DATABASE, STATED_LAG_WINDOWS
 from gpumeter.infra import clickhouse
-from tests.services import REPO, free_port
+from tests.e2e.demo_services import demo_environment
+from tests.services import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -49,17 +49,7 @@ def period_of(at: datetime, kind: str) -> str:
 @pytest.mark.xfail(reason="a block tenant's day crossing reaches the demo's extender hours late (issue 33)",
                    strict=False)
 def test_demo_refuses_evicts_and_keeps_overshoot_within_its_bound(tmp_path: Path) -> None:
-    bootstrap = f"127.0.0.1:{free_port()}"
-    http_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
-    env.update({
-        "GPUMETER_DATA_DIR": str(tmp_path / "data"),
-        "GPUMETER_KAFKA_BOOTSTRAP": bootstrap,
-        "GPUMETER_KAFKA_CONTROLLER_PORT": str(free_port()),
-        "GPUMETER_KAFKA_HEAP": "512m",
-        "GPUMETER_CLICKHOUSE_DSN": f"http://127.0.0.1:{http_port}/gpumeter",
-        "GPUMETER_WORKER_METRICS_PORT": "0",
-    })
+    env, _bootstrap, http_port = demo_environment(tmp_path)
     run = [sys.executable, "-m", "gpumeter.app.cli"]
     try:
         demo = subprocess.run([*run, "demo", "--seconds", "90"], cwd=tmp_path, env=env, capture_output=True,
