@@ -83,7 +83,7 @@ browser:
 	  { if [ "$$(id -u)" = 0 ]; then apt-get install -y -q chromium; else sudo apt-get install -y -q chromium; fi; }
 
 test: install testbin browser lint chart-lint native-test dist
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=40
 
 # The native crate's own tests (its validators, scanner, cache and row layout).
 native-test: install
