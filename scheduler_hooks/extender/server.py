@@ -105,6 +105,9 @@ LARGE_BODY_WORKERS = 2
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 UNKNOWN_ROUTE = "unknown"
 DEFAULT_KEEPALIVE_SECONDS = 75.0
+# How long a stopping server waits for its calls in flight: well inside the chart's
+# terminationGracePeriodSeconds (30) after its preStop sleep; a scheduler call takes milliseconds.
+DRAIN_SECONDS = 10.0
 
 
 class BadRequest(Exception):
@@ -191,9 +194,41 @@ class HooksMetrics:
         self.latency.labels(verb).observe(seconds)
 
 
-def build_app(state: HooksState, metrics: HooksMetrics | None = None) -> web.Application:
-    """The aiohttp application answering from ``state``."""
+class InFlight:
+    """The requests being handled now, so a stopping server can wait for them.
+
+    aiohttp's own graceful close is not enough: once it closes a connection it drops the bytes
+    that still arrive on it, so a call whose body was on its way when the replica began to stop
+    would hang until the shutdown timeout and be cut off."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """True once nothing is in flight; False when ``timeout`` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+
+def build_app(state: HooksState, metrics: HooksMetrics | None = None,
+              in_flight: InFlight | None = None) -> web.Application:
+    """The aiohttp application answering from ``state``; ``in_flight`` counts its requests."""
     metrics = metrics or HooksMetrics(state)
+    in_flight = in_flight or InFlight()
 
     @web.middleware
     async def instrument(
@@ -202,6 +237,7 @@ def build_app(state: HooksState, metrics: HooksMetrics | None = None) -> web.App
         started = time.perf_counter()
         route = request.match_info.route
         verb = route.name if route is not None and route.name else UNKNOWN_ROUTE
+        in_flight.enter()
         try:
             response = await handler(request)
         except web.HTTPRequestEntityTooLarge:
@@ -211,6 +247,8 @@ def build_app(state: HooksState, metrics: HooksMetrics | None = None) -> web.App
         except Exception:  # a bug, never bad input (the fuzz test holds us to that)
             log.exception("hooks: %s %s failed", request.method, request.path)
             response = error_response(500, "internal error")
+        finally:
+            in_flight.leave()
         metrics.observe(verb, response.status, time.perf_counter() - started)
         return response
 
@@ -327,13 +365,14 @@ class HooksServer:
         self.ssl_context = ssl_context
         self.metrics = metrics or HooksMetrics(state)
         self.keepalive_seconds = keepalive_seconds
+        self.in_flight = InFlight()
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         # No access log: the scheduler calls several times per pod; /metrics counts them.
         # auto_decompress off: a compressed body is refused (415), never inflated by the parser
         # on the event loop before any handler runs.
-        self._runner = web.AppRunner(build_app(self.state, self.metrics), access_log=None,
+        self._runner = web.AppRunner(build_app(self.state, self.metrics, self.in_flight), access_log=None,
                                      keepalive_timeout=self.keepalive_seconds, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self._port, ssl_context=self.ssl_context)
@@ -343,9 +382,17 @@ class HooksServer:
             self._port = int(addresses[0][1])
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        """Refuse new connections, let the calls in flight finish (their bodies may still be
+        arriving; at most DRAIN_SECONDS), then close the kept-alive connections."""
+        if self._runner is None:
+            return
+        for site in list(self._runner.sites):
+            await site.stop()
+        if not await self.in_flight.drained(DRAIN_SECONDS):
+            log.warning("hooks: stopping with %d call(s) still in flight after %.0f s",
+                        self.in_flight.count, DRAIN_SECONDS)
+        await self._runner.cleanup()
+        self._runner = None
 
     @property
     def port(self) -> int:

@@ -296,6 +296,24 @@ def test_a_plain_http_extender_is_rendered_only_behind_a_network_policy_naming_i
         "allowedClients"]
 
 
+@pytest.mark.parametrize("values", VALUES)
+@pytest.mark.parametrize("deployment", ["gpumeter-extender", "gpumeter-api"])
+def test_a_stopping_server_keeps_serving_until_its_endpoint_is_gone_and_drains_within_the_grace_period(
+    values: tuple[Path, ...], deployment: str,
+) -> None:
+    """A replica taken away by choice sleeps in preStop (its endpoint is withdrawn meanwhile), then
+    gets SIGTERM and drains its calls in flight (scheduler_hooks.extender.server.DRAIN_SECONDS):
+    both must end before the kubelet's SIGKILL at terminationGracePeriodSeconds."""
+    from scheduler_hooks.extender.server import DRAIN_SECONDS
+
+    spec = pod_spec(find(render("gpumeter", "gpumeter-system", values=values), "Deployment", deployment))
+    (container,) = spec["containers"]
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    grace = spec.get("terminationGracePeriodSeconds", 30)  # the Kubernetes default when unset
+    assert sleep >= 2, "kube-proxy needs a second or two to drop the endpoint"
+    assert sleep + DRAIN_SECONDS < grace
+
+
 def test_sasl_without_a_role_secret_is_refused() -> None:
     others = [f"--set=kafka.credentials.{role}.secretName=kafka-{role}"
               for role in ("agent", "hooks", "insights")]
