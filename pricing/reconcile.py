@@ -8,6 +8,8 @@ Per tenant and invoice line, three figures of unit-hours must agree:
   are priced from;
 - re-rated: every stored row rated again here with pricing's rater (card by window_start, most
   specific rate, unit-seconds = quantity x window), independent of what the rating stage wrote.
+The hourly rollup behind drafts, month-to-date usage and the dashboards must agree with the
+rated figure too.
 Amounts must agree too: the invoiced amounts of a line add up to the price of its invoiced
 quantity (tier bands continue across adjustments). A tenant-month with nothing issued yet is
 compared as its draft, so only rated and re-rated figures can differ there.
@@ -100,6 +102,7 @@ def reconcile(client: Client, cards: RateCardSet, period: str) -> Report:
     differences += check_ledger(entries)
     issued = [entry for entry in entries if entry.invoice.period == period]
     rated = store.usage_lines_by_tenant(client, period)
+    rollup = store.rollup_lines_by_tenant(client, period)
     rerated, samples, row_differences = rerate(client, cards, period)
     summaries: dict[str, TenantSummary] = {}
     invoiced = _invoiced_lines(issued)
@@ -109,6 +112,7 @@ def reconcile(client: Client, cards: RateCardSet, period: str) -> Report:
         summary.samples = samples.get(tenant, 0)
         differences += _compare_tenant(cards, tenant, summary, invoiced.get(tenant), rated.get(tenant, []),
                                        rerated.get(tenant, {}))
+        differences += _compare_rollup(tenant, rollup.get(tenant, []), rated.get(tenant, []))
     # Line figures first, then what explains them: the rows whose stored rating is off.
     differences += billed_and_dead(client, period)
     differences += row_differences
@@ -162,6 +166,20 @@ def _compare_tenant(
         if not _same(rated_q, rerated_q):
             found.append(Difference(tenant, label, "rated vs re-rated from stored samples",
                                     format_quantity(rated_q), format_quantity(rerated_q)))
+    return found
+
+
+def _compare_rollup(tenant: str, rollup: list[UsageLine], rated: list[UsageLine]) -> list[Difference]:
+    """The hourly rollup (drafts, month-to-date usage, dashboards) against ``rated_usage FINAL``:
+    it sums every insert, so a row two racing sinks both stored counts twice there."""
+    rollup_hours = {u.key: _hours(u.unit_seconds) for u in rollup}
+    rated_hours = {u.key: _hours(u.unit_seconds) for u in rated}
+    found = []
+    for key in sorted(set(rollup_hours) | set(rated_hours), key=line_label):
+        summed, folded = rollup_hours.get(key, ZERO), rated_hours.get(key, ZERO)
+        if not _same(summed, folded):
+            found.append(Difference(tenant, line_label(key), "hourly rollup vs rated unit-hours",
+                                    format_quantity(summed), format_quantity(folded)))
     return found
 
 

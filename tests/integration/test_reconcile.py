@@ -156,3 +156,25 @@ def test_a_billed_sample_that_is_also_a_dead_letter_fails(settings: Settings, tm
     assert (
         "tenant team-a line event h100-41-7: billed and dead-lettered: billed vs dead letter (invalid)" in err
     )
+
+
+def test_a_row_stored_twice_counts_twice_in_the_rollup_and_reconcile_names_the_line(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Two racing sinks can both store one sample (docs/contracts.md, "drafts and usage from the
+    rollup"): rated_usage FINAL folds the copies, the hourly rollup behind drafts, month-to-date
+    usage and the dashboards adds both. Reconcile compares the two."""
+    closed_month(settings, tmp_path)  # 80 GPU-hours of team-a
+    client = clickhouse.connect(settings.clickhouse.dsn)
+    try:
+        # What the second sink's insert does: the same row again, in a block of its own.
+        client.command("INSERT INTO rated_usage SELECT * FROM rated_usage WHERE event_id = 'h100-41-3'",
+                       settings={"insert_distributed_sync": 1})
+    finally:
+        client.close()
+    code, out, err = reconcile(settings)
+    assert code == 1
+    # the row is 8 GPUs x 1 h: the rollup says 88 GPU-hours, rated_usage FINAL 80
+    assert (f"tenant team-a line {H100_LINE}: hourly rollup vs rated unit-hours: 88.000000 vs 80.000000"
+            in err)
+    assert "invoiced vs rated" not in out  # the invoice itself is right
