@@ -25,6 +25,7 @@ from kafka.errors import KafkaConnectionError as NoBrokersAvailable
 from gpumeter.core.settings import KafkaSettings
 from gpumeter.core.topics import ALL, TopicSpec
 
+log = logging.getLogger(__name__)
 
 class KafkaUnavailable(RuntimeError):
     """The broker did not answer in time."""
@@ -205,6 +206,56 @@ def _topic_configs(kafka: KafkaSettings, spec: TopicSpec) -> dict[str, str]:
     return config
 
 
+def _compaction_differences(client: KafkaAdminClient, topics: list[str]) -> dict[str, dict[str, str]]:
+    """Per compacted topic, the settings of COMPACTED_TOPIC_CONFIGS it does not have: {key: its
+    value}. A topic created before those settings existed keeps the broker's defaults."""
+    if not topics:
+        return {}
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, dict.fromkeys(COMPACTED_TOPIC_CONFIGS))
+                 for name in topics]
+    found: dict[str, dict[str, str]] = {}
+    for by_name in client.describe_configs(resources, config_filter="all").values():
+        for name, values in by_name.items():
+            for key, wanted in COMPACTED_TOPIC_CONFIGS.items():
+                actual = values.get(key, {}).get("value")
+                if actual is not None and str(actual) != wanted:
+                    found.setdefault(name, {})[key] = str(actual)
+    return found
+
+
+def _align_compaction(client: KafkaAdminClient, differences: dict[str, dict[str, str]]) -> None:
+    """Set our compaction settings on topics gpumeter manages (IncrementalAlterConfigs: every
+    other setting of the topic stays as it is)."""
+    if not differences:
+        return
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name,
+                                {key: COMPACTED_TOPIC_CONFIGS[key] for key in keys})
+                 for name, keys in differences.items()]
+    try:
+        answers = client.alter_configs(resources, incremental=True).get("topic", {})
+    except KafkaError as exc:  # e.g. no AlterConfigs ACL: slower restarts, never a refusal to start
+        answers = {name: str(exc) for name in differences}
+    for name, keys in differences.items():
+        answer = answers.get(name, "no answer")
+        if answer == "OK":
+            log.info("kafka: topic %s: set %s (was %s)", name,
+                     ", ".join(f"{k}={COMPACTED_TOPIC_CONFIGS[k]}" for k in keys),
+                     ", ".join(f"{k}={v}" for k, v in keys.items()))
+        else:
+            log.warning("kafka: topic %s: could not set its compaction settings (%s)", name, answer)
+            _warn_compaction({name: keys})
+
+
+def _warn_compaction(differences: dict[str, dict[str, str]]) -> None:
+    """On topics gpumeter does not manage, large segments cost restart time, not correctness:
+    say so and start."""
+    for name, keys in differences.items():
+        fix = ",".join(f"{k}={COMPACTED_TOPIC_CONFIGS[k]}" for k in keys)
+        log.warning("kafka: compacted topic %s has %s: a restart reads far more than the live state; "
+                    "set kafka-configs --alter --entity-type topics --entity-name %s --add-config %s",
+                    name, "; ".join(f"{k} {v}" for k, v in keys.items()), name, fix)
+
+
 def topic_mismatches(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> list[str]:
     """One line per registry topic that is missing or whose partitions, replication factor or
     ``min.insync.replicas`` differ from the settings; empty when all agree."""
@@ -257,18 +308,28 @@ def ensure_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> lis
     """Create the registry's topics that do not exist yet (with the configured replication and
     ``min.insync.replicas``); returns the names created. With ``create_topics: false`` nothing
     is created: topics are verified, and TopicMismatch names every one that differs."""
+    specs = list(specs)
     if not kafka.create_topics:
         problems = topic_mismatches(kafka, specs)
         if problems:
             raise TopicMismatch("\n".join(problems))
+        client = admin(kafka)
+        try:
+            compacted = [kafka.topic(spec.name) for spec in specs if spec.compacted]
+            _warn_compaction(_compaction_differences(client, compacted))
+        finally:
+            client.close()
         return []
     client = admin(kafka)
     try:
         existing = set(client.list_topics())
         wanted = []
+        compacted_before = []
         for spec in specs:
             name = kafka.topic(spec.name)
             if name in existing:
+                if spec.compacted:
+                    compacted_before.append(name)
                 continue
             wanted.append(NewTopic(name, _partitions_for(kafka, spec), kafka.replication_factor,
                                    topic_configs=_topic_configs(kafka, spec)))
@@ -280,6 +341,7 @@ def ensure_topics(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> lis
             except TopicAlreadyExistsError:
                 pass
         _wait_for_leaders(client, {topic.name: topic.num_partitions for topic in wanted})
+        _align_compaction(client, _compaction_differences(client, compacted_before))
         return created
     finally:
         client.close()

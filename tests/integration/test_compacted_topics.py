@@ -11,6 +11,9 @@ the dirty share the cleaner leaves.
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from gpumeter.core import topics
@@ -54,3 +57,47 @@ def test_other_topics_keep_the_brokers_segments(settings: Settings) -> None:
     values = configs(settings, [samples])[samples]
     assert values["cleanup.policy"] == "delete"
     assert int(values["segment.bytes"]) == 2**30
+
+
+def created_with_broker_defaults(settings: Settings, name: str) -> None:
+    """A compacted topic as an older release created it: compact, nothing else set."""
+    from kafka.admin import NewTopic
+
+    client = kafka.admin(settings.kafka)
+    try:
+        partitions = settings.kafka.partitions.rated  # as the settings ask: only the segments differ
+        client.create_topics([NewTopic(name, partitions, settings.kafka.replication_factor,
+                                       topic_configs={"cleanup.policy": "compact"})])
+    finally:
+        client.close()
+
+
+def test_a_compacted_topic_created_before_gets_the_small_segments_when_topics_are_managed(
+    settings: Settings,
+) -> None:
+    changelog = ledger_changelog_topic("", settings.worker.group + "-older")
+    name = settings.kafka.topic(changelog)
+    created_with_broker_defaults(settings, name)
+    assert int(configs(settings, [name])[name]["segment.bytes"]) == 2**30  # the broker's default
+
+    kafka.ensure_topics(settings.kafka, [TopicSpec(changelog, "rated", compacted=True)])
+    values = configs(settings, [name])[name]
+    assert values["cleanup.policy"] == "compact"
+    assert int(values["segment.bytes"]) <= 16 * 2**20
+    assert int(values["segment.ms"]) <= 15 * 60 * 1000
+    assert float(values["min.cleanable.dirty.ratio"]) <= 0.25
+
+
+def test_an_unmanaged_compacted_topic_with_large_segments_is_reported_and_left_alone(
+    settings: Settings, caplog: pytest.LogCaptureFixture,
+) -> None:
+    changelog = ledger_changelog_topic("", settings.worker.group + "-unmanaged")
+    name = settings.kafka.topic(changelog)
+    created_with_broker_defaults(settings, name)
+    unmanaged = settings.kafka.model_copy(update={"create_topics": False})
+
+    with caplog.at_level(logging.WARNING, logger="gpumeter.infra.kafka"):
+        kafka.ensure_topics(unmanaged, [TopicSpec(changelog, "rated", compacted=True)])  # starts anyway
+    (line,) = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert "segment.bytes 1073741824" in line and "kafka-configs" in line
+    assert int(configs(settings, [name])[name]["segment.bytes"]) == 2**30  # not altered
