@@ -428,7 +428,7 @@ class NodeEntry:
 
 def capacity_message(free: int, needed: int) -> str:
     """Why a node fails the filter for lack of free GPUs (the filter's FailedNodes reason)."""
-    return f"gpumeter: node has {free} free GPUs, pod needs {needed}"
+    return f"gpumeter: capacity: node has {free} free GPUs, pod needs {needed}"
 
 
 class FitTable:

@@ -4,7 +4,7 @@ them, and the encoded prioritize answers what the plain one does.
 Expected scores are worked out by hand from placement's module docstring, case by case:
 for k >= 2 on an all-NVLink node, 6 + int(4 x (min(n, 18) / 18 + k / free) / 2 + 0.5);
 k == 1: int(10 / free + 0.5); a node with no link information: 4 + int(2 x k / free + 0.5);
-a node with fewer than k free fails with "gpumeter: node has <free> free GPUs, pod needs <k>".
+a node with fewer than k free fails with "gpumeter: capacity: node has <free> free GPUs, pod needs <k>".
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tests.unit.scheduler_hooks.builders import allocation, h100, l40s, pod_json
 
 
 def short(free: int, k: int) -> str:
-    return f"gpumeter: node has {free} free GPUs, pod needs {k}"
+    return f"gpumeter: capacity: node has {free} free GPUs, pod needs {k}"
 
 
 def answer(index: PlacementIndex, node: str, k: int) -> tuple[int | None, str | None]:
@@ -181,7 +181,7 @@ def test_encoded_filter_names_a_failing_node_sent_twice_once() -> None:
     encoded = handle_filter(extender_args(["l40s-b", "h100-a", "l40s-b", "h100-a"]), POLICY)
     assert encoded == (
         b'{"Nodes":null,"NodeNames":["h100-a","h100-a"],'
-        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
+        b'"FailedNodes":{"l40s-b":"gpumeter: capacity: node has 1 free GPUs, pod needs 2"},'
         b'"FailedAndUnresolvableNodes":{},"Error":""}'
     )
 
@@ -249,7 +249,7 @@ def test_filter_json_as_the_server_sends_it() -> None:
     document = extender_args(["l40s-b", *ESCAPED[:3], "mystery", "l40s-b"])
     assert encode(handle_filter(document, POLICY)) == (
         b'{"Nodes":null,"NodeNames":["quo\\"te","\\u00fc-node","\\ud800x","mystery"],'
-        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
+        b'"FailedNodes":{"l40s-b":"gpumeter: capacity: node has 1 free GPUs, pod needs 2"},'
         b'"FailedAndUnresolvableNodes":{},"Error":""}'
     )
 
