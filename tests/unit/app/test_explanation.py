@@ -119,8 +119,8 @@ def test_notify_never_holds_and_a_per_model_gpu_hours_key_is_not_lifted_by_grant
     document = explain(facts(quotas=[key], extender=ExtenderAnswer(URL, unresolvable={"h1": reason})))
     assert document["would_change"] == [
         "team-a is 1.000000 GPU-hours over its gpu_hours limit for H100- GPUs (grants raise "
-        "tenant-wide limits only): that key's limit raised in the tenants file, the period ending 2026-12-01T00:00:00Z, "
-        "or the pod placed on another model"]
+        "tenant-wide limits only): that key's limit raised in the tenants file, the period ending "
+        "2026-12-01T00:00:00Z, or the pod placed on another model"]
 
 
 def test_a_namespace_without_a_valid_tenant_says_to_fix_its_label() -> None:
