@@ -341,7 +341,8 @@ class ExplainSettings(BaseModel):
 
     # The hooks' base URL (``/kube/filter`` is appended); None: ``hooks.listen`` on this host,
     # https when the hooks have a certificate (a wildcard address is asked on 127.0.0.1).
-    extender_url: Annotated[str | None, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")] = None
+    extender_url: Annotated[Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")] | None,
+                            BeforeValidator(_empty_is_none)] = None
     # TLS: the CA the hooks' certificate is checked against (None: the system's), and the
     # client certificate and key when the hooks require one (hooks.client_ca).
     ca_file: OptionalPath = None
