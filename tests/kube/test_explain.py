@@ -138,7 +138,8 @@ def test_explain_pod_says_quota_capacity_or_fits_as_the_running_extender_answers
     assert "gpu_hours" in down.stdout and "held by: quota" in down.stdout
 
     # Bad input: one line on stderr, exit 2.
-    for argument, said in (("not-a-pod", "expected NS/NAME"), (f"{ns}/missing", f"pod {ns}/missing not found"),
+    for argument, said in (("not-a-pod", "expected NS/NAME"),
+                           (f"{ns}/missing", f"pod {ns}/missing not found"),
                            (f"{ns}/cpu-only", "requests no nvidia.com/gpu")):
         bad = gpumeter(hooks, "explain", "pod", argument)
         assert bad.returncode == 2 and said in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad
