@@ -297,3 +297,26 @@ def test_becoming_ready_builds_the_common_tables_once() -> None:
     assert answer(state.placement, "h", 8) == (10, None)  # 8 free, exact fit: (1 + 1) / 2 -> 10
     state.apply_allocation(allocation("h", 0))
     assert answer(state.placement, "h", 8) == (0, short(7, 8))  # kept current after warming
+
+
+def test_a_node_short_only_because_gpus_are_in_mig_mode_fails_on_topology_not_capacity() -> None:
+    """Issue 33: a refusal says what it is. MIG-mode GPUs are handed out as MIG devices, never
+    as whole GPUs: a node whose whole free GPUs plus its MIG-mode ones would fit the pod is held
+    by its layout (topology); one that would not fit even then, by capacity."""
+    mig = h100("mig")
+    mig = mig.model_copy(update={"gpus": [g.model_copy(update={"mig_enabled": g.index >= 4})
+                                          for g in mig.gpus]})
+    index = PlacementIndex()
+    index.update_topology(mig)
+    index.update_topology(h100("busy"))
+    index.update_allocation(allocation("busy", 0, 1, 2, 3, 4, 5))
+    # mig: 4 whole GPUs free (0..3), 4 in MIG mode; busy: 2 free of 8, none in MIG mode.
+    assert answer(index, "mig", 8)[1] == (
+        "gpumeter: topology: node has 4 free whole GPUs and 4 in MIG mode, pod needs 8")
+    assert answer(index, "busy", 8)[1] == "gpumeter: capacity: node has 2 free GPUs, pod needs 8"
+    assert answer(index, "mig", 4)[1] is None
+    # Two whole GPUs taken: 2 + 4 < 8, so more free GPUs, not another layout, would help first.
+    index.update_allocation(allocation("mig", 0, 1))
+    assert answer(index, "mig", 8)[1] == short(2, 8)
+    assert answer(index, "mig", 6)[1] == (
+        "gpumeter: topology: node has 2 free whole GPUs and 4 in MIG mode, pod needs 6")
