@@ -39,8 +39,20 @@ def gpumeter(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 
 @pytest.fixture
-def hooks(kube: Kube, settings: Settings, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A `gpumeter hooks --role extender` process; yields the environment that reaches it."""
+def tenant_env(settings: Settings, kube_namespace: str, tmp_path: Path) -> Settings:
+    """The namespace (unlabelled: its name is the tenant) has max_gpus 6 and 100 GPU-hours."""
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text(yaml.safe_dump({"tenants": [
+        {"tenant": kube_namespace, "gpu_hours": 100, "max_gpus": 6, "on_exceed": "block"}]}))
+    settings.tenants = tenants
+    return settings
+
+
+@pytest.fixture
+def hooks(kube: Kube, tenant_env: Settings, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A `gpumeter hooks --role extender` process on the tenant's settings; yields the
+    environment that reaches it (and ClickHouse, Kafka and the apiserver)."""
+    settings = tenant_env
     settings.hooks.listen = f"127.0.0.1:{free_port()}"
     env = settings_env(settings) | {"KUBECONFIG": str(kube.kubeconfig)}
     log_path = tmp_path / "hooks.log"
@@ -73,16 +85,6 @@ def hooks(kube: Kube, settings: Settings, tmp_path: Path) -> Iterator[dict[str, 
             log.close()
 
 
-@pytest.fixture
-def tenant_env(settings: Settings, kube_namespace: str, tmp_path: Path) -> Settings:
-    """The namespace (unlabelled: its name is the tenant) has max_gpus 6 and 100 GPU-hours."""
-    tenants = tmp_path / "tenants.yaml"
-    tenants.write_text(yaml.safe_dump({"tenants": [
-        {"tenant": kube_namespace, "gpu_hours": 100, "max_gpus": 6, "on_exceed": "block"}]}))
-    settings.tenants = tenants
-    return settings
-
-
 def explain_json(env: dict[str, str], pod: str) -> dict[str, Any]:
     done = gpumeter(env, "explain", "pod", pod, "--json")
     assert done.returncode == 0, done.stderr
@@ -91,7 +93,7 @@ def explain_json(env: dict[str, str], pod: str) -> dict[str, Any]:
 
 
 def test_explain_pod_says_quota_capacity_or_fits_as_the_running_extender_answers(
-    tenant_env: Settings, kube_namespace: str, gpu_nodes: CreateGpuNodes, hooks: dict[str, str], kube: Kube
+    kube_namespace: str, gpu_nodes: CreateGpuNodes, hooks: dict[str, str], kube: Kube
 ) -> None:
     ns = kube_namespace
     [node] = gpu_nodes(1, gpus_per_node=4, labels={POOL_LABEL: ns})
