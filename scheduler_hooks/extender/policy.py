@@ -111,9 +111,11 @@ class Policy:
 
     def filter_table(self, pod: PodRequest) -> FitTable | None:
         """The fit table that alone answers this pod's filter (the encoded fast path); None where
-        more than fit decides it: also a tenant with a per-model budget exhausted, whose nodes
-        of that model fail with their own reason (``filter``)."""
-        if self.view.model_refusal_needed(self.view.tenant_of(pod.namespace)):
+        more than fit decides it: also a tenant with a per-model budget exhausted, or a key of
+        max_gpus_by_model this pod would take above its limit, whose nodes of that model fail
+        with their own reason (``filter``)."""
+        # A tenant with per-model max_gpus keeps the encoded path while no key would be exceeded.
+        if self.view.model_refuser(self.view.tenant_of(pod.namespace), pod.gpus) is not None:
             return None
         return self.fit_table(pod)
 

@@ -482,3 +482,20 @@ def test_a_pod_that_would_take_a_model_key_above_its_max_gpus_is_refused_on_that
     # The running pod finishing frees the key.
     state.delete_pod("running")
     assert policy.filter(two, ["h1"]).passed == ["h1"]
+
+
+def test_a_tenant_under_its_per_model_max_gpus_keeps_the_fit_table_path() -> None:
+    """The encoded NodeNames answer (the fit table alone) still serves a tenant with
+    max_gpus_by_model while this pod would take no key above its limit."""
+    from scheduler_hooks.extender.policy import PodRequest, Policy
+
+    capped = TenantsFile(tenants=[TenantPolicy(tenant="capped", max_gpus_by_model={"H100-": Decimal(4)})])
+    state = HooksState(capped, clock=lambda: AT)
+    node = watched_node({"metadata": {"name": "h1", "labels": {"nvidia.com/gpu.product": "H100-SXM-80GB"}},
+                         "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
+    assert node is not None
+    state.upsert_node(node)
+    state.upsert_namespace("ml", "capped")
+    policy = Policy(state.view)
+    assert policy.filter_table(PodRequest("ml", "p", "u", gpus=4)) is not None  # 0 + 4 = 4: allowed
+    assert policy.filter_table(PodRequest("ml", "p", "u", gpus=5)) is None  # 0 + 5 > 4
