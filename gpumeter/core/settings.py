@@ -334,6 +334,23 @@ class InvoiceSettings(BaseModel):
     seller: str = "gpumeter GPU cluster billing"
 
 
+class ExplainSettings(BaseModel):
+    """`gpumeter explain pod`: where it asks the running extender what it would answer now."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The hooks' base URL (``/kube/filter`` is appended); None: ``hooks.listen`` on this host,
+    # https when the hooks have a certificate (a wildcard address is asked on 127.0.0.1).
+    extender_url: Annotated[Annotated[str, Field(pattern=r"^https?://[^\s/]+(/\S*)?$")] | None,
+                            BeforeValidator(_empty_is_none)] = None
+    # TLS: the CA the hooks' certificate is checked against (None: the system's), and the
+    # client certificate and key when the hooks require one (hooks.client_ca).
+    ca_file: OptionalPath = None
+    client_cert: OptionalPath = None
+    client_key: OptionalPath = None
+    timeout_seconds: Annotated[float, Field(gt=0, le=300)] = 10.0
+
+
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -345,6 +362,7 @@ class Settings(BaseModel):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     quota: QuotaSettings = Field(default_factory=QuotaSettings)
     hooks: HooksSettings = Field(default_factory=HooksSettings)
+    explain: ExplainSettings = Field(default_factory=ExplainSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     invoices: InvoiceSettings = Field(default_factory=InvoiceSettings)
 

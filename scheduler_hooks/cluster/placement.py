@@ -28,6 +28,12 @@ computed lazily and shared between nodes with the same layout and allocation. Fo
 count a request has asked for, a ``FitTable`` holds every node's answer and is updated on
 every topology, allocation or capacity change, so a request is one C-level ``map`` of a dict
 lookup over its node names: no placement search and no Python loop per node.
+
+A node that fails the filter says why (issue 33), one reason object per (free, MIG) count and
+k, made when the table changes, never per request: ``gpumeter: capacity: node has <free> free
+GPUs, pod needs <k>``, or ``gpumeter: topology: node has <free> free whole GPUs and <m> in MIG
+mode, pod needs <k>`` when its MIG-mode GPUs (never whole GPUs) are what leaves it short. Link
+classes never fail a node: they only rank (prioritize).
 """
 
 from __future__ import annotations
@@ -400,12 +406,14 @@ _MAX_CACHED_K = 64
 class NodeEntry:
     """What the extender knows about one node: free GPUs and its lazily computed scores."""
 
-    __slots__ = ("_table", "free", "gpus", "node")
+    __slots__ = ("_table", "free", "gpus", "mig", "node")
 
-    def __init__(self, node: str, gpus: NodeGpus | None, free: int | None, table: _ScoreTable) -> None:
+    def __init__(self, node: str, gpus: NodeGpus | None, free: int | None, table: _ScoreTable,
+                 mig: int = 0) -> None:
         self.node = node
         self.gpus = gpus
         self.free = free  # None: unknown (no topology and no GPU count)
+        self.mig = mig  # GPUs in MIG mode: never whole GPUs, so not in ``free``
         self._table = table
 
     def score(self, k: int) -> int | None:
@@ -428,14 +436,30 @@ class NodeEntry:
 
 def capacity_message(free: int, needed: int) -> str:
     """Why a node fails the filter for lack of free GPUs (the filter's FailedNodes reason)."""
-    return f"gpumeter: node has {free} free GPUs, pod needs {needed}"
+    return f"gpumeter: capacity: node has {free} free GPUs, pod needs {needed}"
+
+
+def topology_message(free: int, mig: int, needed: int) -> str:
+    """Why a node fails the filter because of its layout: it has the GPUs, but some are in MIG
+    mode (handed out as MIG devices, never whole) and the whole ones free are too few."""
+    return f"gpumeter: topology: node has {free} free whole GPUs and {mig} in MIG mode, pod needs {needed}"
+
+
+def short_message(free: int, mig: int, needed: int) -> str:
+    """The FailedNodes reason of a node with ``free`` whole GPUs free and ``mig`` in MIG mode:
+    topology when the MIG-mode GPUs would have made room, else capacity (issue 33: every
+    refusal says which it is)."""
+    if mig and free + mig >= needed:
+        return topology_message(free, mig, needed)
+    return capacity_message(free, needed)
 
 
 class FitTable:
     """Every known node's answer for one GPU count k, as plain dicts for C-level lookups.
 
     ``scores``: node -> 0..10 (0 where fewer than k GPUs are free, as prioritize answers);
-    ``short``: node -> ``capacity_message``, only for nodes known to have fewer than k free
+    ``short``: node -> ``short_message`` (capacity, or topology when MIG-mode GPUs would have
+    made room), only for nodes known to have fewer than k free
     (the filter's failures; one string object per free count). A node absent from both is
     unknown to the index: it passes and scores ``NEUTRAL_SCORE``. ``hosts`` is the same
     answer as the kube wire's JSON pieces (``json_pieces``): every node's
@@ -452,15 +476,15 @@ class FitTable:
         self.short: dict[str, str] = {}
         self.hosts = KnownHosts(NEUTRAL_SCORE)
         self.failed: dict[str, bytes] = {}
-        self._reasons: dict[int, str] = {}
+        self._reasons: dict[tuple[int, int], str] = {}  # (free, mig) -> the one reason object
 
     def set(self, node: str, entry: NodeEntry) -> None:
         value = entry.score(self.k)
         if value is None:
             free = entry.free or 0  # score() is None only when the free count is known and below k
-            reason = self._reasons.get(free)
+            reason = self._reasons.get((free, entry.mig))
             if reason is None:
-                reason = self._reasons[free] = capacity_message(free, self.k)
+                reason = self._reasons[free, entry.mig] = short_message(free, entry.mig, self.k)
             if self.short.get(node) is not reason:
                 self.failed[node] = failed_piece(node, reason)
             self.short[node] = reason
@@ -493,6 +517,7 @@ class PlacementIndex:
         self._keys: dict[str, str] = {}  # node -> the name object every fit table is keyed by
         self._topologies: dict[str, tuple[tuple[int, ...], dict[tuple[int, int], LinkClass]]] = {}
         self._replicas: dict[str, dict[int, int]] = {}  # time-sliced nodes: units per GPU index
+        self._mig: dict[str, int] = {}  # nodes with GPUs in MIG mode: how many
         self._allocated: dict[str, Counter[int]] = {}  # GPU index -> assignments holding it
         self._capacity: dict[str, int] = {}
         self._tables: weakref.WeakValueDictionary[tuple[object, ...], _ScoreTable] = (
@@ -508,6 +533,11 @@ class PlacementIndex:
         if self._topologies.get(topology.node) == layout and self._replicas.get(topology.node) == replicas:
             return
         self._topologies[topology.node] = layout
+        mig = sum(1 for gpu in topology.gpus if gpu.mig_enabled)
+        if mig:
+            self._mig[topology.node] = mig
+        else:
+            self._mig.pop(topology.node, None)
         if replicas is None:
             self._replicas.pop(topology.node, None)
         else:
@@ -537,6 +567,7 @@ class PlacementIndex:
         self._free.pop(node, None)
         self._topologies.pop(node, None)
         self._replicas.pop(node, None)
+        self._mig.pop(node, None)
         self._allocated.pop(node, None)
         self._capacity.pop(node, None)
 
@@ -642,7 +673,8 @@ class PlacementIndex:
             indices, links = layout
             gpus = NodeGpus(node, indices, links, allocated & frozenset(indices))
             key: tuple[object, ...] = ("topology", indices, tuple(sorted(links.items())), gpus.allocated)
-            self._entries[node] = NodeEntry(node, gpus, len(gpus.free), self._table(key))
+            self._entries[node] = NodeEntry(node, gpus, len(gpus.free), self._table(key),
+                                            self._mig.get(node, 0))
             self._free[node] = len(gpus.free)
             return
         capacity = self._capacity.get(node)

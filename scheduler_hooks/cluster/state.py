@@ -243,20 +243,63 @@ class ClusterView:
     # Per-model limits exhausted: tenant -> the model blocks (metric, key, that metric's keys).
     blocked_models: Mapping[str, tuple[ModelBlock, ...]] = field(default_factory=dict)
     node_models: Mapping[str, str] = field(default_factory=dict)  # node -> its GPU model (labels)
+    # Per-model max_gpus limits (tenant -> key -> limit) and the GPUs each tenant's bound pods
+    # hold per node (tenant -> node -> GPUs): a pod that would take a key above its limit is
+    # refused on that key's nodes, as max_gpus refuses it everywhere.
+    max_gpus_by_model: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    held_on_nodes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
-    def model_refusal(self, tenant: str, node: str) -> str | None:
-        """The quota message refusing the tenant's GPU pods on ``node`` because the budget of
-        that node's GPU model is exhausted; None when it is not (or the node's model is unknown)."""
-        blocks = self.blocked_models.get(tenant)
-        if not blocks:
+    def model_refusal(self, tenant: str, node: str, gpus: int = 0) -> str | None:
+        """The quota message refusing the tenant's ``gpus``-GPU pod on ``node`` because a budget
+        of that node's GPU model is exhausted, or the pod would take that model's key above its
+        max_gpus; None when neither (or the node's model is unknown)."""
+        refuse = self.model_refuser(tenant, gpus)
+        return None if refuse is None else refuse(node)
+
+    def model_refusal_needed(self, tenant: str) -> bool:
+        """Per-model limits may refuse some node for this tenant's pods (the filter cannot be
+        answered from the fit table alone)."""
+        return tenant in self.blocked_models or tenant in self.max_gpus_by_model
+
+    def model_refuser(self, tenant: str, gpus: int) -> Callable[[str], str | None] | None:
+        """A node -> per-model refusal function for one pod (the keys over their max_gpus are
+        found once per request, not per node); None when no per-model limit refuses anything."""
+        blocks = self.blocked_models.get(tenant, ())
+        limits = self.max_gpus_by_model.get(tenant) if gpus > 0 else None
+        over: dict[str, str] = {}
+        if limits:
+            held = self.held_by_key(tenant, tuple(limits))
+            for key, limit in limits.items():
+                if held.get(key, 0) + gpus > limit:
+                    over[key] = f"holds {held.get(key, 0)} GPUs, pod needs {gpus}, limit {limit}"
+        if not blocks and not over:
             return None
-        model = self.node_models.get(node)
-        if model is None:
+        keys = tuple(limits or ())
+
+        def refuse(node: str) -> str | None:
+            model = self.node_models.get(node)
+            if model is None:
+                return None
+            where = f"(node {node} has {model})"
+            for block in blocks:
+                if model_key(block.keys, model) == block.key:
+                    return quota_message(tenant, block.metric, f"for {block.key} GPUs {where}")
+            key = model_key(keys, model) if over else None
+            if key is not None and key in over:
+                return quota_message(tenant, "max_gpus", f"for {key} GPUs {where}: {over[key]}")
             return None
-        for block in blocks:
-            if model_key(block.keys, model) == block.key:
-                return quota_message(tenant, block.metric, f"for {block.key} GPUs (node {node} has {model})")
-        return None
+
+        return refuse
+
+    def held_by_key(self, tenant: str, keys: Iterable[str]) -> dict[str, int]:
+        """GPUs the tenant's bound pods hold per model key (a node of no key's model counts nowhere)."""
+        keys = tuple(keys)
+        held: dict[str, int] = {}
+        for node, gpus in self.held_on_nodes.get(tenant, {}).items():
+            key = model_key(keys, self.node_models.get(node))
+            if key is not None:
+                held[key] = held.get(key, 0) + gpus
+        return held
 
     def tenant_of(self, namespace: str) -> str:
         """Namespace label ``gpumeter.io/tenant``, else the namespace name."""
@@ -300,6 +343,8 @@ class HooksState:
         self.protection_namespaces: set[str] = set()
         self.blocked_models: dict[str, tuple[ModelBlock, ...]] = {}
         self.node_models: dict[str, str] = {}
+        self.max_gpus_by_model: dict[str, dict[str, Decimal]] = {}
+        self.held_on_nodes: dict[str, dict[str, int]] = {}
         self.view = ClusterView(
             placement=self.placement,
             blocked=self.blocked,
@@ -310,6 +355,8 @@ class HooksState:
             protection_namespaces=self.protection_namespaces,
             blocked_models=self.blocked_models,
             node_models=self.node_models,
+            max_gpus_by_model=self.max_gpus_by_model,
+            held_on_nodes=self.held_on_nodes,
         )
         self._tenants = TenantsFile()
         self._grants: Mapping[str, Sequence[Grant]] = {}  # quota_grants, folded per tenant
@@ -359,7 +406,10 @@ class HooksState:
     def set_tenants(self, tenants: TenantsFile) -> None:
         self._tenants = tenants
         self.max_gpus.clear()
+        self.max_gpus_by_model.clear()
         for policy in tenants.tenants:
+            if policy.max_gpus_by_model:
+                self.max_gpus_by_model[policy.tenant] = dict(policy.max_gpus_by_model)
             # Contract 6 refuses any pod that would take its tenant above max_gpus, whatever
             # on_exceed says: notify only softens what happens to pods already running.
             if policy.max_gpus is not None:
@@ -471,10 +521,12 @@ class HooksState:
                 for uid in self._by_namespace.get(name, ()):
                     self._index_known(self._watched[uid])
             return
-        held = self._held_by_namespace.get(name, 0)
-        if held:
-            self._add_held(before, -held)
-            self._add_held(after, held)
+        if self._held_by_namespace.get(name, 0):
+            for uid in self._by_namespace.get(name, ()):
+                pod = self._watched[uid]
+                if pod.holds_gpus:
+                    self._add_held(before, -pod.gpus, pod.node)
+                    self._add_held(after, pod.gpus, pod.node)
         for uid in self._by_namespace.get(name, ()):
             self._index_known(self._watched[uid])
 
@@ -536,7 +588,7 @@ class HooksState:
             self._by_node.setdefault(pod.node, set()).add(pod.uid)
         if pod.holds_gpus:
             self._held_by_namespace[pod.namespace] = self._held_by_namespace.get(pod.namespace, 0) + pod.gpus
-            self._add_held(self.view.tenant_of(pod.namespace), pod.gpus)
+            self._add_held(self.view.tenant_of(pod.namespace), pod.gpus, pod.node)
         self._index_known(pod)
         held_before = (before.node, before.gpus) if before is not None and before.holds_gpus else None
         held_now = (pod.node, pod.gpus) if pod.holds_gpus else None
@@ -578,14 +630,22 @@ class HooksState:
                 self._held_by_namespace[pod.namespace] = left
             else:
                 self._held_by_namespace.pop(pod.namespace, None)
-            self._add_held(self.view.tenant_of(pod.namespace), -pod.gpus)
+            self._add_held(self.view.tenant_of(pod.namespace), -pod.gpus, pod.node)
 
-    def _add_held(self, tenant: str, gpus: int) -> None:
+    def _add_held(self, tenant: str, gpus: int, node: str) -> None:
         total = self.gpus_held.get(tenant, Decimal(0)) + gpus
         if total:
             self.gpus_held[tenant] = total
         else:
             self.gpus_held.pop(tenant, None)
+        on_nodes = self.held_on_nodes.setdefault(tenant, {})
+        left = on_nodes.get(node, 0) + gpus
+        if left:
+            on_nodes[node] = left
+        else:
+            on_nodes.pop(node, None)
+            if not on_nodes:
+                del self.held_on_nodes[tenant]
 
     def _index_known(self, pod: WatchedPod) -> None:
         node = self._nodes.get(pod.node) if pod.node else None

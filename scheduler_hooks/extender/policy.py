@@ -111,9 +111,11 @@ class Policy:
 
     def filter_table(self, pod: PodRequest) -> FitTable | None:
         """The fit table that alone answers this pod's filter (the encoded fast path); None where
-        more than fit decides it: also a tenant with a per-model budget exhausted, whose nodes
-        of that model fail with their own reason (``filter``)."""
-        if self.view.tenant_of(pod.namespace) in self.view.blocked_models:
+        more than fit decides it: also a tenant with a per-model budget exhausted, or a key of
+        max_gpus_by_model this pod would take above its limit, whose nodes of that model fail
+        with their own reason (``filter``)."""
+        # A tenant with per-model max_gpus keeps the encoded path while no key would be exceeded.
+        if self.view.model_refuser(self.view.tenant_of(pod.namespace), pod.gpus) is not None:
             return None
         return self.fit_table(pod)
 
@@ -131,16 +133,19 @@ class Policy:
         if pod.gpus <= 0:
             return FilterResult(names, {}, {})
         tenant = self.view.tenant_of(pod.namespace)
-        if tenant in self.view.blocked_models:
+        if self.view.model_refusal_needed(tenant):
             return self._filter_models(pod, tenant, names)
         return self._fit(pod, names)
 
     def _filter_models(self, pod: PodRequest, tenant: str, names: list[str]) -> FilterResult:
         """Per-model budgets (contract 4, amendment "per-model limits"): nodes of an exhausted
-        model fail with the reason, as FailedNodes, so the pod may land on another model; only
-        when every node sent is of an exhausted model is it refused everywhere, unresolvable."""
-        exhausted = {name: reason for name in dict.fromkeys(names)
-                     if (reason := self.view.model_refusal(tenant, name)) is not None}
+        model, or of a key of max_gpus_by_model this pod would take above its limit, fail with
+        the reason, as FailedNodes, so the pod may land on another model; only when every node
+        sent is of such a model is it refused everywhere, unresolvable."""
+        refuse = self.view.model_refuser(tenant, pod.gpus)
+        if refuse is None:
+            return self._fit(pod, names)
+        exhausted = {name: reason for name in dict.fromkeys(names) if (reason := refuse(name)) is not None}
         if not exhausted:
             return self._fit(pod, names)
         rest = [name for name in names if name not in exhausted]
@@ -232,7 +237,7 @@ class Policy:
         """(code, message): 3 with the quota message, 2 when too few GPUs are free or the node's
         GPU model is over its budget (another node may do), (0, "") ok."""
         if pod.gpus > 0 and self.refusal(pod) is None:
-            over_model = self.view.model_refusal(self.view.tenant_of(pod.namespace), node)
+            over_model = self.view.model_refusal(self.view.tenant_of(pod.namespace), node, pod.gpus)
             if over_model is not None:
                 return CODE_UNSCHEDULABLE, over_model
         result = self.filter(pod, [node])

@@ -154,7 +154,7 @@ def test_filter_node_names_mode(hooks: LiveHooks) -> None:
     assert answer == {
         "Nodes": None,
         "NodeNames": ["h100-a", "l40s-a", "h100-b", "mystery"],
-        "FailedNodes": {"l40s-b": "gpumeter: node has 1 free GPUs, pod needs 2"},
+        "FailedNodes": {"l40s-b": "gpumeter: capacity: node has 1 free GPUs, pod needs 2"},
         "FailedAndUnresolvableNodes": {},
         "Error": "",
     }
@@ -171,7 +171,7 @@ def test_filter_full_nodes_mode_returns_the_passing_node_objects(hooks: LiveHook
     assert status == 200
     assert answer["NodeNames"] is None
     assert answer["Nodes"] == {"metadata": {"resourceVersion": "7"}, "items": [items[0]]}
-    assert answer["FailedNodes"] == {"l40s-b": "gpumeter: node has 1 free GPUs, pod needs 2"}
+    assert answer["FailedNodes"] == {"l40s-b": "gpumeter: capacity: node has 1 free GPUs, pod needs 2"}
 
 
 def test_filter_refuses_a_blocked_tenant_everywhere_unresolvably(hooks: LiveHooks) -> None:
@@ -229,7 +229,7 @@ def test_filter_counts_a_pod_bound_since_the_agents_last_record(hooks: LiveHooks
     # h100-b's record says 8 free; a 6-GPU pod bound there since leaves 2 for a 4-GPU pod.
     hooks.call(lambda: hooks.state.upsert_pod(WatchedPod("big", "team-a", "big", "h100-b", 6)))
     _, answer = hooks.post_json("/kube/filter", {"Pod": pod(gpus=4), "NodeNames": ["h100-b"]})
-    assert answer["FailedNodes"] == {"h100-b": "gpumeter: node has 2 free GPUs, pod needs 4"}
+    assert answer["FailedNodes"] == {"h100-b": "gpumeter: capacity: node has 2 free GPUs, pod needs 4"}
     hooks.call(lambda: hooks.state.delete_pod("big"))
     _status, answer = hooks.post_json("/kube/filter", {"Pod": pod(gpus=4), "NodeNames": ["h100-b"]})
     assert answer["NodeNames"] == ["h100-b"]
@@ -298,7 +298,7 @@ def test_volcano_predicate(hooks: LiveHooks) -> None:
     )
     assert hooks.post_json("/volcano/predicate", {"task": task("t3"), "node": {"Name": "l40s-b"}}) == (
         200,
-        {"status": "gpumeter: node has 1 free GPUs, pod needs 2", "code": 2},
+        {"status": "gpumeter: capacity: node has 1 free GPUs, pod needs 2", "code": 2},
     )
 
 

@@ -284,6 +284,42 @@ def test_a_pod_that_may_run_on_h100_or_a100_lands_on_a100_when_the_h100_budget_i
     assert pool.bound_node("h100-only") is None
 
 
+def test_a_pod_that_would_take_its_h100_key_above_max_gpus_lands_on_a100(
+    pool: Pool, extender: LiveHooks
+) -> None:
+    """Contract 6 with the per-model amendment: max_gpus_by_model refuses a pod that *would*
+    take the key above its limit on that key's nodes only (FailedNodes), as max_gpus refuses it
+    everywhere, before any quota event: the real scheduler places it on the A100 node, and a
+    pod that may run on H100 only stays pending with the reason."""
+    [h100] = pool.gpu_nodes(1, gpus_per_node=8, gpu_model="H100-SXM-80GB", name_prefix="h100")
+    [a100] = pool.gpu_nodes(1, gpus_per_node=8, gpu_model="A100-SXM-80GB", name_prefix="a100")
+    tenant = "team-h100-cap"
+    capped = TenantsFile(tenants=[TenantPolicy(tenant=tenant, on_exceed="notify",
+                                               max_gpus_by_model={"H100-": Decimal(3)})])
+    extender.call(lambda: extender.state.set_tenants(capped))
+    pool.core.patch_namespace(pool.namespace, {"metadata": {"labels": {TENANT_LABEL: tenant}}})
+    eventually(lambda: extender.call(lambda: (extender.state.view.tenant_of(pool.namespace),
+                                              extender.state.view.node_models.get(h100)))
+               == (tenant, "H100-SXM-80GB"), "the namespace's tenant and the nodes' models watched")
+    # 2 H100 GPUs held: another 2 would make 4 > 3.
+    pool.create_pod("holder", gpus=2, node_name=h100)
+    eventually(lambda: extender.call(lambda: extender.state.view.held_by_key(tenant, ["H100-"]))
+               == {"H100-": 2}, "the holder's GPUs counted on its H100 node")
+    pool.start_scheduler(scheduler_config(f"{extender.url}/kube"))
+
+    pool.create_pod("trainer", gpus=2)
+    assert eventually(lambda: pool.bound_node("trainer"), "trainer bound") == a100
+
+    only_h100 = pod_manifest("h100-only", gpus=2, pool=pool.namespace)
+    assert only_h100.spec is not None
+    only_h100.spec.node_selector = {POOL_LABEL: pool.namespace, GPU_PRODUCT_LABEL: "H100-SXM-80GB"}
+    pool.core.create_namespaced_pod(pool.namespace, only_h100)
+    message = eventually(lambda: pool.scheduling_failure("h100-only"), "FailedScheduling event")
+    assert f"gpumeter: tenant {tenant} over max_gpus quota: for H100- GPUs" in message
+    assert "holds 2 GPUs, pod needs 2, limit 3" in message
+    assert pool.bound_node("h100-only") is None
+
+
 @pytest.mark.parametrize("ignorable", [False, True], ids=["ignorable-false", "ignorable-true"])
 def test_extender_down(pool: Pool, ignorable: bool) -> None:
     pool.gpu_nodes(1, gpus_per_node=8)

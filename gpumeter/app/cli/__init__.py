@@ -52,6 +52,8 @@ COMMANDS: dict[str, Command] = {
     "hooks": Command("hooks", "run", "scheduler extender HTTP service and quota actuator"),
     "quota": Command("quota", "run", "tenant quotas: usage against limits"),
     "budget": Command("budget", "run", "budget grants and top-ups; a tenant's limit, used, remaining"),
+    "explain": Command("explain", "run", "why a GPU pod waits (quota, capacity, topology) and what would "
+                                         "change it"),
 }
 
 

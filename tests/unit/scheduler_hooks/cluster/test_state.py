@@ -5,6 +5,7 @@ Expected values are written from contract 4 and the module docstring, case by ca
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -436,3 +437,65 @@ def test_a_model_budget_refuses_only_nodes_of_that_model() -> None:
     state.apply_quota_event(over.model_copy(update={"event_id": "h100-r2", "level": "recovered",
                                                     "used": Decimal("2.5"), "limit": Decimal(3)}))
     assert view.model_refusal("blocker", "h1") is None and state.blocked_models == {}
+
+
+def test_a_pod_that_would_take_a_model_key_above_its_max_gpus_is_refused_on_that_models_nodes() -> None:
+    """Contract 6 refuses a pod that *would* take its tenant above max_gpus; the per-model amendment
+    the same for a key of max_gpus_by_model, on the nodes of the models that key owns only
+    (FailedNodes), and everywhere (unresolvable) only when every node sent is of such a model."""
+    from scheduler_hooks.extender.policy import PodRequest, Policy
+    from scheduler_hooks.extender.wire_kube import handle_filter
+
+    capped = TenantsFile(tenants=[TenantPolicy(tenant="capped", on_exceed="notify",
+                                               max_gpus_by_model={"H100-": Decimal(4)})])
+    state = HooksState(capped, clock=lambda: AT)
+    for name, model in (("h1", "H100-SXM-80GB"), ("h2", "H100-PCIE-80GB"), ("a1", "A100-SXM-40GB")):
+        node = watched_node({"metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},
+                             "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
+        assert node is not None
+        state.upsert_node(node)
+    state.upsert_namespace("ml", "capped")
+    state.upsert_pod(pod("running", "ml", "h1", 3))  # 3 H100 GPUs held; the A100 key has no limit
+    policy = Policy(state.view)
+    two, one = PodRequest("ml", "next", "u2", gpus=2), PodRequest("ml", "small", "u1", gpus=1)
+    why = ("gpumeter: tenant capped over max_gpus quota: for H100- GPUs (node {} has {}): "
+           "holds 3 GPUs, pod needs 2, limit 4")
+    result = policy.filter(two, ["h1", "a1", "h2"])
+    # 3 + 2 = 5 > 4 on both H100 models; the A100 node takes it.
+    assert result.passed == ["a1"] and result.unresolvable == {}
+    assert result.failed == {"h1": why.format("h1", "H100-SXM-80GB"),
+                             "h2": why.format("h2", "H100-PCIE-80GB")}
+    # 3 + 1 = 4: reaching the limit exactly is allowed, as for max_gpus.
+    assert policy.filter(one, ["h1", "a1"]).passed == ["h1", "a1"]
+    # Only H100 nodes sent: refused everywhere, preemption cannot help.
+    only = policy.filter(two, ["h1", "h2"])
+    assert only.passed == [] and only.failed == {} and sorted(only.unresolvable) == ["h1", "h2"]
+    # The wire's encoded NodeNames path answers the same.
+    document = {"Pod": {"metadata": {"name": "next", "namespace": "ml", "uid": "u2"},
+                        "spec": {"containers": [{"resources": {"requests": {"nvidia.com/gpu": "2"}}}]}},
+                "NodeNames": ["h1", "a1"]}
+    answer = json.loads(handle_filter(document, policy))
+    assert answer["NodeNames"] == ["a1"]
+    assert answer["FailedNodes"] == {"h1": why.format("h1", "H100-SXM-80GB")}
+    # Volcano: code 2 (another node may do) on an H100 node.
+    assert policy.predicate(two, "h1") == (2, why.format("h1", "H100-SXM-80GB"))
+    # The running pod finishing frees the key.
+    state.delete_pod("running")
+    assert policy.filter(two, ["h1"]).passed == ["h1"]
+
+
+def test_a_tenant_under_its_per_model_max_gpus_keeps_the_fit_table_path() -> None:
+    """The encoded NodeNames answer (the fit table alone) still serves a tenant with
+    max_gpus_by_model while this pod would take no key above its limit."""
+    from scheduler_hooks.extender.policy import PodRequest, Policy
+
+    capped = TenantsFile(tenants=[TenantPolicy(tenant="capped", max_gpus_by_model={"H100-": Decimal(4)})])
+    state = HooksState(capped, clock=lambda: AT)
+    node = watched_node({"metadata": {"name": "h1", "labels": {"nvidia.com/gpu.product": "H100-SXM-80GB"}},
+                         "status": {"allocatable": {"nvidia.com/gpu": "8"}}})
+    assert node is not None
+    state.upsert_node(node)
+    state.upsert_namespace("ml", "capped")
+    policy = Policy(state.view)
+    assert policy.filter_table(PodRequest("ml", "p", "u", gpus=4)) is not None  # 0 + 4 = 4: allowed
+    assert policy.filter_table(PodRequest("ml", "p", "u", gpus=5)) is None  # 0 + 5 > 4

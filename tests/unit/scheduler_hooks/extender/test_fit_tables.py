@@ -4,7 +4,7 @@ them, and the encoded prioritize answers what the plain one does.
 Expected scores are worked out by hand from placement's module docstring, case by case:
 for k >= 2 on an all-NVLink node, 6 + int(4 x (min(n, 18) / 18 + k / free) / 2 + 0.5);
 k == 1: int(10 / free + 0.5); a node with no link information: 4 + int(2 x k / free + 0.5);
-a node with fewer than k free fails with "gpumeter: node has <free> free GPUs, pod needs <k>".
+a node with fewer than k free fails with "gpumeter: capacity: node has <free> free GPUs, pod needs <k>".
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tests.unit.scheduler_hooks.builders import allocation, h100, l40s, pod_json
 
 
 def short(free: int, k: int) -> str:
-    return f"gpumeter: node has {free} free GPUs, pod needs {k}"
+    return f"gpumeter: capacity: node has {free} free GPUs, pod needs {k}"
 
 
 def answer(index: PlacementIndex, node: str, k: int) -> tuple[int | None, str | None]:
@@ -181,7 +181,7 @@ def test_encoded_filter_names_a_failing_node_sent_twice_once() -> None:
     encoded = handle_filter(extender_args(["l40s-b", "h100-a", "l40s-b", "h100-a"]), POLICY)
     assert encoded == (
         b'{"Nodes":null,"NodeNames":["h100-a","h100-a"],'
-        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
+        b'"FailedNodes":{"l40s-b":"gpumeter: capacity: node has 1 free GPUs, pod needs 2"},'
         b'"FailedAndUnresolvableNodes":{},"Error":""}'
     )
 
@@ -249,7 +249,7 @@ def test_filter_json_as_the_server_sends_it() -> None:
     document = extender_args(["l40s-b", *ESCAPED[:3], "mystery", "l40s-b"])
     assert encode(handle_filter(document, POLICY)) == (
         b'{"Nodes":null,"NodeNames":["quo\\"te","\\u00fc-node","\\ud800x","mystery"],'
-        b'"FailedNodes":{"l40s-b":"gpumeter: node has 1 free GPUs, pod needs 2"},'
+        b'"FailedNodes":{"l40s-b":"gpumeter: capacity: node has 1 free GPUs, pod needs 2"},'
         b'"FailedAndUnresolvableNodes":{},"Error":""}'
     )
 
@@ -297,3 +297,26 @@ def test_becoming_ready_builds_the_common_tables_once() -> None:
     assert answer(state.placement, "h", 8) == (10, None)  # 8 free, exact fit: (1 + 1) / 2 -> 10
     state.apply_allocation(allocation("h", 0))
     assert answer(state.placement, "h", 8) == (0, short(7, 8))  # kept current after warming
+
+
+def test_a_node_short_only_because_gpus_are_in_mig_mode_fails_on_topology_not_capacity() -> None:
+    """Issue 33: a refusal says what it is. MIG-mode GPUs are handed out as MIG devices, never
+    as whole GPUs: a node whose whole free GPUs plus its MIG-mode ones would fit the pod is held
+    by its layout (topology); one that would not fit even then, by capacity."""
+    mig = h100("mig")
+    mig = mig.model_copy(update={"gpus": [g.model_copy(update={"mig_enabled": g.index >= 4})
+                                          for g in mig.gpus]})
+    index = PlacementIndex()
+    index.update_topology(mig)
+    index.update_topology(h100("busy"))
+    index.update_allocation(allocation("busy", 0, 1, 2, 3, 4, 5))
+    # mig: 4 whole GPUs free (0..3), 4 in MIG mode; busy: 2 free of 8, none in MIG mode.
+    assert answer(index, "mig", 8)[1] == (
+        "gpumeter: topology: node has 4 free whole GPUs and 4 in MIG mode, pod needs 8")
+    assert answer(index, "busy", 8)[1] == "gpumeter: capacity: node has 2 free GPUs, pod needs 8"
+    assert answer(index, "mig", 4)[1] is None
+    # Two whole GPUs taken: 2 + 4 < 8, so more free GPUs, not another layout, would help first.
+    index.update_allocation(allocation("mig", 0, 1))
+    assert answer(index, "mig", 8)[1] == short(2, 8)
+    assert answer(index, "mig", 6)[1] == (
+        "gpumeter: topology: node has 2 free whole GPUs and 4 in MIG mode, pod needs 6")

@@ -106,7 +106,7 @@ FILTER_CASES = [
         pod(gpus=2),
         NODES,
         ["h100-a", "h100-b", "l40s-a", "mystery"],
-        {"l40s-b": "gpumeter: node has 1 free GPUs, pod needs 2"},
+        {"l40s-b": "gpumeter: capacity: node has 1 free GPUs, pod needs 2"},
     ),
     FilterCase(
         "four-gpus-by-free-count",
@@ -114,8 +114,8 @@ FILTER_CASES = [
         NODES,
         ["h100-b", "l40s-a", "mystery"],
         {
-            "h100-a": "gpumeter: node has 2 free GPUs, pod needs 4",
-            "l40s-b": "gpumeter: node has 1 free GPUs, pod needs 4",
+            "h100-a": "gpumeter: capacity: node has 2 free GPUs, pod needs 4",
+            "l40s-b": "gpumeter: capacity: node has 1 free GPUs, pod needs 4",
         },
     ),
     FilterCase("only-nodes-asked-about", pod("team-e", gpus=8), ["h100-b"], ["h100-b"]),
@@ -240,7 +240,8 @@ def test_preempt(case: PreemptCase) -> None:
     ("request_", "node", "expected"),
     [
         (pod("ml-b", gpus=1), "h100-b", (UNRESOLVABLE, "gpumeter: tenant team-b over spend quota")),
-        (pod(gpus=2), "l40s-b", (CODE_UNSCHEDULABLE, "gpumeter: node has 1 free GPUs, pod needs 2")),
+        (pod(gpus=2), "l40s-b",
+         (CODE_UNSCHEDULABLE, "gpumeter: capacity: node has 1 free GPUs, pod needs 2")),
         (pod(gpus=2), "h100-b", (CODE_SUCCESS, "")),
         (pod(gpus=2), "mystery", (CODE_SUCCESS, "")),
         (pod("ml-b", gpus=0), "l40s-b", (CODE_SUCCESS, "")),

@@ -72,7 +72,7 @@ FILTER_NODES = (
     + ']}, "NodeNames": null}'
 )
 
-LACK = "gpumeter: node has 1 free GPUs, pod needs 2"
+LACK = "gpumeter: capacity: node has 1 free GPUs, pod needs 2"
 GPU = "nvidia.com/gpu"
 SIDECAR = container("side", limits=1, restart_policy="Always")
 

@@ -84,7 +84,7 @@ def predicate(node: str, namespace: str = "team-a") -> dict[str, Any]:
     [
         ("h100-b", "team-a", {"status": "", "code": 0}),
         ("mystery", "team-a", {"status": "", "code": 0}),
-        ("l40s-b", "team-a", {"status": "gpumeter: node has 1 free GPUs, pod needs 2", "code": 2}),
+        ("l40s-b", "team-a", {"status": "gpumeter: capacity: node has 1 free GPUs, pod needs 2", "code": 2}),
         ("h100-b", "team-b", {"status": "gpumeter: tenant team-b over spend quota", "code": 3}),
     ],
     ids=["fits", "unknown-node", "too-few-gpus", "blocked-tenant"],
