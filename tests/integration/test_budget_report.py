@@ -12,16 +12,21 @@ The budgets are stated at the latest usage, November 1 10:00 (10 h into the mont
 from __future__ import annotations
 
 import csv
+import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
+from dashboards.budget_report import stored_exhaustions
 from gpumeter.core.models import UsageSample
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
 from gpumeter.infra.schema import RATED_USAGE
+from insights.tables import FORECASTS
 from pricing.rating import Rater
+from quota.budget import ExhaustionForecast
 from testkit.builders import card_set, sample, shipped_rate_card_documents
 from tests.services import run_cli
 
@@ -104,3 +109,43 @@ def test_the_report_states_each_budget_line_with_grants_carry_and_runway(
     page = (out / "finance-report.html").read_text(encoding="utf-8")
     assert "Budgets per tenant and GPU model" in page and 'aria-label="GPU-hours budgets' in page
     assert "team-a · H100-SXM-80GB" in page
+
+
+def test_budget_show_takes_the_runway_from_a_stored_forecast_that_beat_the_run_rate(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A Holt-Winters forecast stored by the insights job, made this month against the limit
+    with grants (70: base 40 + q4's carry, nothing used in October so all 20, + #1 10), gives the
+    runway: November 1 10:00 to its exhaustion at 20:30 is 10.5 h."""
+    path = tmp_path / "tenants.yaml"
+    path.write_text(TENANTS)
+    settings.tenants = path
+    granted = run_cli(settings, "budget", "grant", "--tenant", "team-a", "--gpu-hours", "10",
+                      "--effective", "2026-11-01T00:00:00Z")
+    assert granted.returncode == 0, granted.stderr
+    row = {"tenant": "team-a", "period": "2026-11", "metric": "gpu_hours",
+           "computed_at": datetime(2026, 11, 1, 9, tzinfo=UTC), "model": "holt-winters", "reason": "test",
+           "month_to_date": Decimal(0), "month_end": Decimal(0), "month_end_low": Decimal(0),
+           "month_end_high": Decimal(0), "interval_level": Decimal("0.8"), "quota_period": "month",
+           "quota_limit": Decimal(70), "quota_used": Decimal(0),
+           "exhaust_at": datetime(2026, 11, 1, 20, 30, tzinfo=UTC), "exhaust_probability": Decimal(1),
+           "backtest_folds": 8}
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.insert(FORECASTS.name, [FORECASTS.row_from(row)], column_names=list(FORECASTS.insert_columns))
+        said = stored_exhaustions(client, "team-a")
+    finally:
+        client.close()
+    assert said == {"gpu_hours": ExhaustionForecast(True, "holt-winters", "2026-11", Decimal(70),
+                                                    datetime(2026, 11, 1, 20, 30, tzinfo=UTC))}
+    shown = run_cli(settings, "budget", "show", "--tenant", "team-a", "--at", "2026-11-01T10:00:00Z",
+                    "--json")
+    assert shown.returncode == 0, shown.stderr
+    lines = {(m["metric"], m["gpu_model"]): m for m in json.loads(shown.stdout)["metrics"]}
+    hours = lines[("gpu_hours", None)]
+    assert (hours["limit"], hours["runway_from"], hours["runway_hours"]) == ("70.000000", "forecast", "10.5")
+    assert hours["runway_until"] == "2026-11-01T20:30:00Z"
+    # spend has no forecast: the run rate, and nothing used yet in the ledger.
+    assert lines[("spend", None)]["runway_from"] == "run-rate"
+    assert set(lines) == {("gpu_hours", None), ("spend", None), ("gpu_hours", "A100-"),
+                          ("gpu_hours", "H100-SXM-80GB")}
