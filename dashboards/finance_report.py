@@ -4,7 +4,9 @@ No plotting library: the charts are plain SVG, so the file opens anywhere and di
 Figures are list spend (the streaming price, before tiers, commitments and credits) per
 day and tenant from the hourly rollup, next to the invoice totals, which are the amounts
 billed. With insights (dashboards/insights_job.py) the report adds the month-end forecasts,
-quota status and idle-GPU costs, each with a chart; :func:`write_report` also writes every
+quota status and idle-GPU costs, each with a chart; with budgets (dashboards/budget_report.py)
+each tenant's limit, grants, used and runway per metric and GPU model, as bars and a table;
+:func:`write_report` also writes every
 table of the report as a CSV file beside it.
 """
 
@@ -20,6 +22,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from dashboards.budget_report import BUDGET_HEADER, budget_rows, budget_svg
 from dashboards.enforcement_report import (
     ENFORCEMENT_HEADER,
     QuotaSeries,
@@ -29,6 +32,7 @@ from dashboards.enforcement_report import (
 from gpumeter.core.money import format_money
 from insights.forecast import Forecast
 from insights.idle import IdleAdvice, per_tenant
+from quota.budget import BudgetLine
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f")
 
@@ -255,9 +259,27 @@ def enforcement_table(series: Sequence[QuotaSeries]) -> ReportTable:
                        frozenset({3, 4, 5, 6, 7, 8}))
 
 
+def budget_table(lines: Sequence[BudgetLine]) -> ReportTable:
+    at = f" (as of {_when(lines[0].at)} UTC)" if lines else ""
+    return ReportTable("budgets", f"Budgets per tenant and GPU model{at}", BUDGET_HEADER, budget_rows(lines),
+                       frozenset({4, 5, 6, 7, 8, 9, 10}))
+
+
+def budget_section(lines: Sequence[BudgetLine]) -> list[str]:
+    table = budget_table(lines)
+    return [f"<h2>{html.escape(table.title)}</h2>",
+            "<p>Per tenant and per GPU-model limit of the quota period: the tenants file's base limit, "
+            "the grants counted now (a rollover grant of the period before as its carry), the limit they "
+            "make, what is used and how long the rest lasts: by the insights forecast where its model beat "
+            "the run rate on backtests, else at the period's run rate so far (runway_from says which).</p>",
+            budget_svg(lines, "gpu_hours"), budget_svg(lines, "spend"), table.html()]
+
+
 def render(spend: list[DailySpend], invoices: list[dict[str, Any]], generated: str,
-           insights: InsightsView | None = None, enforcement: Sequence[QuotaSeries] | None = None) -> str:
-    """The report as HTML: the spend chart and tables; with insights, forecasts, quotas and idle GPUs."""
+           insights: InsightsView | None = None, enforcement: Sequence[QuotaSeries] | None = None,
+           budgets: Sequence[BudgetLine] | None = None) -> str:
+    """The report as HTML: the spend chart and tables; with insights, forecasts, quotas and idle GPUs;
+    with budgets, the budget lines (dashboards/budget_report.py)."""
     tables = {table.name: table for table in base_tables(spend, invoices)}
     sections = [
         "<h2>Daily list spend by tenant</h2>", stacked_bars_svg(spend),
@@ -275,6 +297,8 @@ def render(spend: list[DailySpend], invoices: list[dict[str, Any]], generated: s
             "per day at list price. Advice only: nothing is evicted by it.</p>",
             idle_svg(insights.idle), extra["idle_by_tenant"].html(), extra["idle_gpus"].html(),
         ]
+    if budgets is not None:
+        sections += budget_section(budgets)
     if enforcement is not None:
         sections += ["<h2>Quota enforcement</h2>",
                      "<p>What the extender refused and the actuator evicted, and how far past each limit "
@@ -312,13 +336,16 @@ def write_csvs(out_dir: Path, tables: Sequence[ReportTable]) -> list[Path]:
 
 def write_report(out_dir: Path, spend: list[DailySpend], invoices: list[dict[str, Any]], generated: str,
                  insights: InsightsView | None = None,
-                 enforcement: Sequence[QuotaSeries] | None = None) -> Path:
+                 enforcement: Sequence[QuotaSeries] | None = None,
+                 budgets: Sequence[BudgetLine] | None = None) -> Path:
     """finance-report.html and one CSV per table of it, in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = base_tables(spend, invoices) + (insight_tables(insights) if insights is not None else [])
+    if budgets is not None:
+        tables.append(budget_table(budgets))
     if enforcement is not None:
         tables.append(enforcement_table(enforcement))
     write_csvs(out_dir, tables)
     report = out_dir / "finance-report.html"
-    report.write_text(render(spend, invoices, generated, insights, enforcement), encoding="utf-8")
+    report.write_text(render(spend, invoices, generated, insights, enforcement, budgets), encoding="utf-8")
     return report

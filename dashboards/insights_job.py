@@ -11,7 +11,7 @@ simulated history (the demo's fleet clock is not the wall clock) is judged at it
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -21,8 +21,10 @@ from clickhouse_connect.driver.client import Client
 
 from dashboards.finance_report import InsightsView
 from gpumeter.core import jsonio, topics
+from gpumeter.core.grants import Grant
 from gpumeter.core.settings import Settings
 from gpumeter.core.tenants import TenantsFile, load_tenants
+from gpumeter.infra import grants as grants_store
 from gpumeter.infra import kafka
 from gpumeter.infra.clickhouse import to_decimal
 from insights.forecast import (
@@ -38,6 +40,8 @@ from insights.forecast import (
 )
 from insights.idle import GpuWindow, IdleAdvice, IdleRule, find_idle
 from insights.tables import ADVICE, FORECASTS, INSIGHT_RUNS
+from quota.grants import fold, limit_at, of_file, previous_period
+from quota.periods import period_end, period_key, period_start
 
 # How far back the idle rule looks: a pod idle for longer is reported as idle "for at least" this.
 IDLE_LOOKBACK = timedelta(hours=24)
@@ -125,23 +129,43 @@ def load_histories(client: Client, origin: datetime, lookback: timedelta = FOREC
     return histories
 
 
-def quota_for(policies: TenantsFile, tenant: str, metric: Metric) -> QuotaLimit | None:
-    policy = policies.policy(tenant)
+def quota_for(policies: TenantsFile, history: History, origin: datetime,
+              grants: Mapping[str, Sequence[Grant]] | None = None) -> QuotaLimit | None:
+    """The limit the forecast runs against: the effective one at ``origin`` (base + the grants
+    counted then, quota.grants), as the quota worker decides on it. The carry of a rollover
+    grant needs the period before's use, which the history holds (it reaches back 120 days)."""
+    policy = policies.policy(history.tenant)
     if policy is None:
         return None
-    limit = policy.spend if metric == "spend" else policy.gpu_hours
+    base = policy.spend if history.metric == "spend" else policy.gpu_hours
+    if base is None:
+        return None
+    previous = previous_period(period_key(origin, policy.period))
+    before = history.total(period_start(previous), period_end(previous))
+    every = [*of_file(policy.grants), *(grants or {}).get(history.tenant, ())]
+    limit = limit_at(base, every, history.metric, policy.period, origin, before)
     return None if limit is None else QuotaLimit(policy.period, limit)
 
 
-def forecast_all(histories: Sequence[History], origin: datetime, policies: TenantsFile) -> list[Forecast]:
+def forecast_all(histories: Sequence[History], origin: datetime, policies: TenantsFile,
+                 grants: Mapping[str, Sequence[Grant]] | None = None) -> list[Forecast]:
     """Every history's forecast; histories of one length (all that end at ``origin`` and start
-    alike) are backtested and fitted together (insights.forecast.forecast_many)."""
+    alike) are backtested and fitted together (insights.forecast.forecast_many). ``grants``:
+    ``quota_grants`` folded per tenant (the tenants file's are added from the policy)."""
     wanted = []
     for history in histories:
         policy = policies.policy(history.tenant)
         commitment = policy.commitment if policy is not None and history.metric == "spend" else None
-        wanted.append(Wanted(history, quota_for(policies, history.tenant, history.metric), commitment))
+        wanted.append(Wanted(history, quota_for(policies, history, origin, grants), commitment))
     return forecast_many(wanted, origin)
+
+
+def read_grants(client: Client) -> dict[str, list[Grant]]:
+    """``quota_grants`` folded per tenant (quota.grants.fold); a database from before the grants
+    migration has none."""
+    if not client.query("EXISTS TABLE quota_grants").result_rows[0][0]:
+        return {}
+    return fold(grants_store.read(client))
 
 
 def forecast_rows(forecasts: Sequence[Forecast]) -> list[tuple[Any, ...]]:
@@ -171,15 +195,18 @@ class InsightsResult:
 
 
 def evaluate(client: Client, policies: TenantsFile, at: datetime | None = None, rule: IdleRule | None = None,
-             forecasts: bool = True) -> InsightsResult:
-    """Idle advice and forecasts as of ``at`` (default: the end of the latest gpu window)."""
+             forecasts: bool = True, grants: Mapping[str, Sequence[Grant]] | None = None) -> InsightsResult:
+    """Idle advice and forecasts as of ``at`` (default: the end of the latest gpu window), the
+    forecasts against the limits with grants (``grants``: ``quota_grants`` folded, read here
+    when not given)."""
     at = utc(at) if at is not None else latest_gpu_window_end(client)
     if at is None:
         return InsightsResult(at=None)
     result = InsightsResult(at=at, idle=detect_idle(client, at, rule or IdleRule()))
     if forecasts:
         origin = floor_hour(at)
-        result.forecasts = forecast_all(load_histories(client, origin), origin, policies)
+        result.forecasts = forecast_all(load_histories(client, origin), origin, policies,
+                                        read_grants(client) if grants is None else grants)
     return result
 
 

@@ -33,6 +33,67 @@ MONTH_OF_RANGE_END = "formatDateTime($__toTime, '%Y-%m', 'UTC')"
 LATEST_RUN = "(SELECT max(run_at) FROM insight_runs WHERE $__timeFilter(run_at))"
 
 
+# The budget view (issue 33 point 6): the forecast's limit (base + grants at the insights run),
+# used of the quota period holding the range's end, and the runway as quota.budget states it.
+# Money and hours at 12 places so the if() branches share one Decimal type.
+BUDGET_SQL = (
+    "SELECT metric, quota_period, quota_limit, used, quota_limit - used AS remaining,\n"
+    "       if(quota_limit > 0, toFloat64(used) / toFloat64(quota_limit), NULL) AS used_share,\n"
+    "       round(runway_s / 3600, 1) AS runway_hours,\n"
+    "       if(runway_s IS NULL, NULL, addSeconds(to_time, toInt64(round(runway_s)))) AS runway_until,\n"
+    "       if(from_forecast, 'forecast', 'run-rate') AS runway_from\n"
+    "FROM (\n"
+    "  SELECT f.metric AS metric, f.quota_period AS quota_period, f.quota_limit AS quota_limit,\n"
+    "         if(f.metric = 'spend', if(f.quota_period = 'day', u.day_spend, u.month_spend),\n"
+    "            if(f.quota_period = 'day', u.day_hours, u.month_hours)) AS used,\n"
+    "         $__toTime AS to_time,\n"
+    "         if(f.quota_period = 'day', toStartOfDay(to_time, 'UTC'),\n"
+    "            toDateTime(toStartOfMonth(to_time, 'UTC'), 'UTC')) AS period_start,\n"
+    "         if(f.quota_period = 'day', period_start + INTERVAL 1 DAY, period_start + INTERVAL 1 MONTH)\n"
+    "             AS period_end,\n"
+    "         f.model = 'holt-winters' AND f.computed_at >= period_start AND f.computed_at < period_end\n"
+    "             AS from_forecast,\n"
+    "         dateDiff('second', period_start, to_time) AS elapsed,\n"
+    "         toFloat64(quota_limit - used) AS left_over,\n"
+    "         multiIf(left_over <= 0, 0.,\n"
+    "                 from_forecast, if(f.exhaust_at IS NULL OR f.exhaust_at >= period_end, NULL,\n"
+    "                     toFloat64(greatest(dateDiff('second', to_time, f.exhaust_at), 0))),\n"
+    "                 used <= 0 OR elapsed <= 0, NULL,\n"
+    "                 left_over * elapsed / toFloat64(used)\n"
+    "                     >= dateDiff('second', to_time, period_end), NULL,\n"
+    "                 left_over * elapsed / toFloat64(used)) AS runway_s\n"
+    "  FROM (SELECT metric, quota_period, quota_limit, model, computed_at, exhaust_at FROM forecasts FINAL\n"
+    f"        WHERE {TENANT} AND period = {MONTH_OF_RANGE_END} AND quota_limit IS NOT NULL) AS f\n"
+    "  CROSS JOIN (\n"
+    "    SELECT toDecimal128(sumIf(unit_seconds, kind = 'gpu') / 3600, 12) AS month_hours,\n"
+    "           toDecimal128(sumIf(unit_seconds, kind = 'gpu' AND hour >= toStartOfDay($__toTime, 'UTC'))\n"
+    "               / 3600, 12) AS day_hours,\n"
+    "           toDecimal128(sum(list_cost), 12) AS month_spend,\n"
+    "           toDecimal128(sumIf(list_cost, hour >= toStartOfDay($__toTime, 'UTC')), 12) AS day_spend\n"
+    "    FROM usage_hourly\n"
+    f"    WHERE {TENANT} AND period = {MONTH_OF_RANGE_END} AND hour <= $__toTime) AS u\n"
+    ")\n"
+    "ORDER BY metric"
+)
+# quota_grants rows are numbered; a number held twice is read once (gpumeter/infra/grants.py).
+GRANTS_SQL = (
+    "SELECT concat('#', toString(g.number)) AS grant, g.metric AS metric,\n"
+    "       g.amount + ifNull(c.corrected, 0) AS amount, g.effective_at AS effective_at,\n"
+    "       g.expires_at AS expires_at, g.rollover AS rollover,\n"
+    "       formatDateTime(g.effective_at, '%Y-%m', 'UTC') AS home_month, g.note AS note\n"
+    "FROM (SELECT number, metric, amount, effective_at, expires_at, rollover, note FROM quota_grants\n"
+    f"      WHERE {TENANT} AND corrects IS NULL ORDER BY number, inserted_at LIMIT 1 BY number) AS g\n"
+    "LEFT JOIN (\n"
+    "  SELECT corrects, sum(amount) AS corrected\n"
+    "  FROM (SELECT number, corrects, amount FROM quota_grants\n"
+    f"        WHERE {TENANT} AND corrects IS NOT NULL ORDER BY number, inserted_at LIMIT 1 BY number)\n"
+    "  GROUP BY corrects) AS c ON c.corrects = g.number\n"
+    "WHERE g.effective_at <= $__toTime AND (g.expires_at IS NULL OR g.expires_at > $__toTime)\n"
+    "  AND g.effective_at >= toDateTime(toStartOfMonth($__toTime, 'UTC'), 'UTC') - INTERVAL 1 MONTH\n"
+    "ORDER BY g.number"
+)
+
+
 @dataclass(frozen=True)
 class PanelSpec:
     title: str
@@ -244,6 +305,38 @@ TENANT_DASHBOARD = DashboardSpec(
                 f"WHERE {TENANT} AND $__timeFilter(at)\n"
                 "ORDER BY at DESC\nLIMIT 500",
                 ("at", "metric", "level", "threshold", "used", "quota_limit", "period"), width=12),
+        )),
+        ("Budget", (
+            PanelSpec(
+                "Budget: limit, used and runway", "table", BUDGET_SQL,
+                ("metric", "quota_period", "quota_limit", "used", "remaining", "used_share", "runway_hours",
+                 "runway_until", "runway_from"), width=24,
+                column_units={"used_share": "percentunit", "runway_hours": "h"},
+                description="Per limited metric of the quota period that holds the range's end: the limit "
+                            "with grants (as the insights run computed it), used from the hourly rollup, "
+                            "remaining, and how long it lasts: by the forecast where its model beat the run "
+                            "rate (Holt-Winters) and was made in this period, else at the period's run rate "
+                            "so far (runway_from says which; empty: beyond the period). Per-model limits "
+                            "live in the tenants file: `gpumeter report` and `gpumeter budget show` "
+                            "show them."),
+            PanelSpec(
+                "Budget grants", "table", GRANTS_SQL,
+                ("grant", "metric", "amount", "effective_at", "expires_at", "rollover", "home_month", "note"),
+                width=12,
+                description="Grants of `quota_grants` in force at the range's end and effective since the "
+                            "start of the month before (each number once, corrections folded in). One of "
+                            "the current quota period counts in full, a rollover grant of the period "
+                            "before as its unused part; grants in the tenants file are not in ClickHouse "
+                            "(`gpumeter budget show` lists every grant with what it adds)."),
+            PanelSpec(
+                "GPU-hours by GPU model this month", "table",
+                "SELECT gpu_model, sum(unit_seconds) / 3600 AS gpu_hours\n"
+                "FROM usage_hourly\n"
+                f"WHERE kind = 'gpu' AND {TENANT} AND period = {MONTH_OF_RANGE_END} AND hour <= $__toTime\n"
+                "GROUP BY gpu_model\nORDER BY gpu_model",
+                ("gpu_model", "gpu_hours"), width=12, column_units={"gpu_hours": "h"},
+                description="Use against per-model limits (gpu_hours_by_model) of a monthly quota period, "
+                            "by the samples' own GPU model."),
         )),
         ("Preemptions and idle GPUs", (
             PanelSpec(

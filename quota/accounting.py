@@ -361,6 +361,12 @@ def period_limit(ledger: TenantLedger, policy: TenantPolicy | None, metric: Quot
         return limit_at(base, every, metric, policy.period, now, before / _SCALE[metric])
 
 
+def period_used(ledger: TenantLedger, metric: QuotaMetric, period: str) -> Decimal:
+    """``gpu_hours`` (hours) or ``spend`` (money) used in ``period`` by the ledger's count."""
+    with exact():
+        return _raw(ledger, metric, period) / _SCALE[metric]
+
+
 def blocked_models(ledger: TenantLedger, policy: TenantPolicy | None) -> list[tuple[QuotaMetric, str]]:
     """(metric, model key) exceeded and not recovered, when on_exceed is block or preempt."""
     if policy is None or policy.on_exceed not in ("block", "preempt"):

@@ -21,7 +21,7 @@ from gpumeter.app import schema
 from gpumeter.core.models import DeadLetter, UsageSample
 from gpumeter.core.tenants import TenantsFile
 from gpumeter.infra import clickhouse
-from gpumeter.infra.schema import DEAD_LETTERS, PREEMPTIONS, QUOTA_EVENTS, RATED_USAGE
+from gpumeter.infra.schema import DEAD_LETTERS, GRANTS, PREEMPTIONS, QUOTA_EVENTS, RATED_USAGE
 from gpumeter.infra.tables import Table
 from insights.idle import IdleRule
 from insights.tables import FORECASTS
@@ -188,12 +188,51 @@ def seed(client: Any) -> list[dict[str, Any]]:
                             "month_end_high": Decimal(5), "quota_limit": None, "quota_used": None,
                             "commitment": Decimal(1000)}),
     ])
+    insert(client, FORECASTS, [
+        # Budget runway by the forecast: Holt-Winters, made this month, reached Nov 10 12:00.
+        FORECASTS.row_from({**team_a, "metric": "gpu_hours", "month_to_date": Decimal(60),
+                            "month_end": Decimal(120), "month_end_low": Decimal(110),
+                            "month_end_high": Decimal(130), "quota_limit": Decimal(1000),
+                            "quota_used": Decimal(60), "exhaust_at": datetime(2026, 11, 10, 12, tzinfo=UTC),
+                            "exhaust_probability": Decimal("0.9")}),
+        # Budget runway at the period's run rate: the forecast's own model is the run rate.
+        FORECASTS.row_from({**forecast, "tenant": "research", "metric": "spend", "model": "run-rate",
+                            "month_to_date": Decimal(1), "month_end": Decimal(2),
+                            "month_end_low": Decimal(1), "month_end_high": Decimal(3),
+                            "quota_limit": Decimal(5), "quota_used": Decimal(1)}),
+    ])
+    seed_grants(client)
     # The idle-GPU panels show what the insights job stores (two runs: the later one counts).
     policies = TenantsFile()
     rule = IdleRule()
     for at in (RUN_OLD, RUN_NEW):
         store(client, evaluate(client, policies, at, rule, forecasts=False))
     return documents
+
+
+def seed_grants(client: Any) -> None:
+    grant = {"tenant": "team-b", "metric": "gpu_hours", "rollover": False, "corrects": None, "note": "",
+             "expires_at": None, "granted_at": T0, "claim": "test"}
+    rows = [
+        {**grant, "number": 1, "amount": Decimal(50), "effective_at": datetime(2026, 11, 1, tzinfo=UTC),
+         "note": "top-up"},
+        {**grant, "number": 2, "amount": Decimal(-10), "corrects": 1,
+         "effective_at": datetime(2026, 11, 1, tzinfo=UTC)},
+        # October's rollover grant: may carry into November.
+        {**grant, "number": 3, "metric": "spend", "amount": Decimal(100), "rollover": True,
+         "effective_at": datetime(2026, 10, 5, tzinfo=UTC)},
+        # Expired, not yet effective, counting in no period any more, another tenant's: not shown.
+        {**grant, "number": 4, "amount": Decimal(30), "effective_at": datetime(2026, 9, 1, tzinfo=UTC),
+         "expires_at": datetime(2026, 10, 1, tzinfo=UTC)},
+        {**grant, "number": 5, "amount": Decimal(20), "effective_at": datetime(2026, 11, 5, tzinfo=UTC)},
+        {**grant, "number": 6, "metric": "spend", "amount": Decimal(5),
+         "effective_at": datetime(2026, 8, 1, tzinfo=UTC)},
+        {**grant, "number": 7, "tenant": "team-a", "amount": Decimal(9),
+         "effective_at": datetime(2026, 11, 1, tzinfo=UTC)},
+    ]
+    insert(client, GRANTS, [GRANTS.row_from(row) for row in rows])
+    # A second row for number 1 (a writer that lost the claim): read once, the first one.
+    insert(client, GRANTS, [GRANTS.row_from({**rows[0], "amount": Decimal(999), "claim": "loser"})])
 
 
 @pytest.fixture(scope="module")
@@ -383,3 +422,64 @@ def test_quota_events_and_preemptions_of_the_tenant(seeded: tuple[Any, list]) ->
     assert suffered == []
     _, evictions = run(client, OPERATIONS, "Evictions")
     assert [(row[1], row[3], row[6]) for row in evictions] == [("team-b", "infer-b2", "evicted")]
+
+
+def test_budget_grants_are_those_in_force_each_number_once_with_corrections(seeded: tuple[Any, list]) -> None:
+    client, _ = seeded
+    _, rows = run(client, TENANT_DASHBOARD, "Budget grants", tenant=["team-b"])
+    # #1: 50 - 10 (its correction #2), its second row (999) ignored; #3 October's rollover grant.
+    assert [(row[0], row[1], row[2], row[5], row[6], row[7]) for row in rows] == [
+        ("#1", "gpu_hours", Decimal(40), False, "2026-11", "top-up"),
+        ("#3", "spend", Decimal(100), True, "2026-10", "")]
+
+
+def test_budget_limit_used_and_runway_from_forecast_or_run_rate(seeded: tuple[Any, list]) -> None:
+    client, documents = seeded
+    month_start = datetime(2026, 11, 1, tzinfo=UTC)
+
+    def used(tenant: str, kind_gpu: bool) -> Decimal:
+        chosen = [d for d in documents if d["tenant"] == tenant and month_start <= start_of(d)
+                  and hour_of(d) <= RANGE_TO and (d["kind"] == "gpu" or not kind_gpu)]
+        return sum(((unit_hours(d) if kind_gpu else list_cost(d)) for d in chosen), Decimal(0))
+
+    # research: spend limit 5 at the run rate. 54 h into November; 5 - used lasts
+    # (5 - used) x 54 h / used from the range's end (the forecast's model is itself the run rate).
+    _, [row] = run(client, TENANT_DASHBOARD, "Budget: limit, used and runway", tenant=["research"])
+    spent = q(used("research", kind_gpu=False))
+    assert spent == Decimal("1.28")  # 16 CPUs x 2 h x 0.04
+    hours = (Decimal(5) - spent) * 54 / spent  # 156.9375 h
+    assert (row[0], row[1], q(row[2]), q(row[3]), q(row[4])) == (
+        "spend", "month", q(5), q(spent), q(Decimal(5) - spent))
+    assert (row[6], row[8]) == (pytest.approx(float(round(hours, 1))), "run-rate")
+    assert row[7].replace(tzinfo=UTC) == RANGE_TO + timedelta(hours=156, minutes=56, seconds=15)
+
+    # team-a: gpu_hours 1000 by the Holt-Winters forecast made this month: Nov 10 12:00 is
+    # 7 days 6 h = 174 h after the range's end. spend 20000: the forecast never reaches it.
+    _, rows = run(client, TENANT_DASHBOARD, "Budget: limit, used and runway", tenant=["team-a"])
+    by_metric = {row[0]: row for row in rows}
+    gpu = by_metric["gpu_hours"]
+    assert q(gpu[3]) == q(used("team-a", kind_gpu=True)) and gpu[3] > 0
+    assert (gpu[6], gpu[7].replace(tzinfo=UTC), gpu[8]) == (174.0, datetime(2026, 11, 10, 12, tzinfo=UTC),
+                                                            "forecast")
+    assert q(gpu[4]) == q(1000 - used("team-a", kind_gpu=True))
+    spend = by_metric["spend"]
+    assert q(spend[3]) == q(used("team-a", kind_gpu=False))
+    assert (spend[6], spend[7], spend[8]) == (None, None, "forecast")
+
+    # team-b: a daily quota; its forecast was made the day before, so the run rate: nothing used
+    # on Nov 3 up to 06:00, so no rate to run out at.
+    _, [row] = run(client, TENANT_DASHBOARD, "Budget: limit, used and runway", tenant=["team-b"])
+    assert (row[0], row[1], q(row[3]), q(row[4]), row[6], row[8]) == (
+        "gpu_hours", "day", q(0), q(400), None, "run-rate")
+
+
+def test_gpu_hours_by_model_this_month(seeded: tuple[Any, list]) -> None:
+    client, documents = seeded
+    expected: dict[str, Decimal] = defaultdict(Decimal)
+    for d in documents:
+        november = start_of(d) >= datetime(2026, 11, 1, tzinfo=UTC)
+        if d["tenant"] == "team-a" and d["kind"] == "gpu" and november and hour_of(d) <= RANGE_TO:
+            expected[d["gpu_model"]] += unit_hours(d)
+    _, rows = run(client, TENANT_DASHBOARD, "GPU-hours by GPU model this month", tenant=["team-a"])
+    assert {row[0]: q(row[1]) for row in rows} == {model: q(v) for model, v in expected.items()}
+    assert set(expected) == {"H100-SXM-80GB", "A100-SXM-40GB"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
 from gpumeter.infra import kafka as gkafka
+from gpumeter.infra.schema import GRANTS
+from insights.tables import FORECASTS
 from streams.sink import ClickHouseSink, connector
 from testkit.builders import random_samples, sample
 from testkit.clickhouse_cluster import TwoShards, two_shards
@@ -77,7 +80,9 @@ def panels(settings: Settings) -> dict[str, list[tuple[Any, ...]]]:
             variables = {v.name: Variable(current=[ALL] if v.include_all else [tenants[0]], options=tenants,
                                           multi=v.multi) for v in spec.variables}
             for panel in spec.panels():
-                if "inserted_at" in panel.sql:
+                # On insertion time: a filter on it (the Budget grants panel only orders by it).
+                on_insertion = "$__timeFilter(inserted_at)" in panel.sql
+                if on_insertion:
                     now = datetime.now(UTC)
                     request = Request(now - timedelta(hours=1), now + timedelta(hours=1), timedelta(hours=1),
                                       variables)
@@ -86,11 +91,35 @@ def panels(settings: Settings) -> dict[str, list[tuple[Any, ...]]]:
                 result = client.query(expand(panel.sql, request))
                 if result.result_rows:  # an empty answer comes without its header (no insights here)
                     assert list(result.column_names) == list(panel.columns), panel.title
-                rows = [] if "inserted_at" in panel.sql else sorted(map(tuple, result.result_rows), key=repr)
+                rows = [] if on_insertion else sorted(map(tuple, result.result_rows), key=repr)
                 found[f"{spec.uid}:{panel.title}"] = rows
     finally:
         client.close()
     return found
+
+
+def seed_budget(settings: Settings) -> None:
+    """A grant per tenant in ``quota_grants`` (never sharded) and a forecast with a limit per
+    tenant (sharded by tenant) for the Tenant dashboard's Budget panels; the range ends on
+    December 1, so the forecasts are December's."""
+    tenants = sorted({s["tenant"] for s in [*SAMPLES, FIRST]})
+    grants = [GRANTS.row_from({
+        "number": number, "tenant": tenant, "metric": "gpu_hours", "amount": Decimal(number),
+        "effective_at": datetime(2026, 11, 1, tzinfo=UTC), "expires_at": None, "rollover": True,
+        "corrects": None, "note": "", "granted_at": datetime(2026, 11, 1, tzinfo=UTC), "claim": "test"})
+        for number, tenant in enumerate(tenants, start=1)]
+    forecasts = [FORECASTS.row_from({
+        "tenant": tenant, "period": "2026-12", "metric": "gpu_hours", "computed_at": RANGE[1],
+        "model": "run-rate", "reason": "test", "month_to_date": Decimal(0), "month_end": Decimal(0),
+        "month_end_low": Decimal(0), "month_end_high": Decimal(0), "interval_level": Decimal("0.8"),
+        "quota_period": "month", "quota_limit": Decimal(100), "quota_used": Decimal(0),
+        "exhaust_probability": Decimal(0), "backtest_folds": 0}) for tenant in tenants]
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.insert(GRANTS.name, grants, column_names=list(GRANTS.insert_columns))
+        client.insert(FORECASTS.name, forecasts, column_names=list(FORECASTS.insert_columns))
+    finally:
+        client.close()
 
 
 def run_everything(settings: Settings, worker_factory: Callable[..., WorkerProcess], out: Path
@@ -99,6 +128,7 @@ def run_everything(settings: Settings, worker_factory: Callable[..., WorkerProce
     gkafka.ensure_topics(settings.kafka)
     migrated = run_cli(settings, "migrate")
     assert migrated.returncode == 0, migrated.stderr
+    seed_budget(settings)
     run_through_worker(settings, worker_factory, [*SAMPLES, FIRST])
     run_through_worker(settings, worker_factory, [COPY])  # a new worker: only the store knows the id
 
@@ -157,6 +187,8 @@ def test_two_shards_give_one_nodes_figures_and_bill_a_cross_shard_duplicate_once
     for title, rows in on_one["panels"].items():
         assert on_shards["panels"][title] == rows, title
     assert any(on_one["panels"].values()), "the samples should show in the panels"
+    for budget in ("Budget grants", "Budget: limit, used and runway"):
+        assert on_one["panels"][f"gpumeter-tenant:{budget}"], budget
 
     # The rows are spread: each shard holds usage, the two copies' tenants on different shards,
     # and the id's claims on exactly one (its hash's).

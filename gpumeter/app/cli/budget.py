@@ -5,9 +5,11 @@ correction is a new negative grant, ``--corrects N``). The quota worker, the act
 extender re-read that table every ``quota.grants_poll_seconds``; a grant that lifts a tenant
 above its use makes the worker emit ``recovered``, which the extender follows.
 
-``budget show`` prints, per metric with a limit, the base limit, the grants, the limit now,
-used, remaining and a runway at the period's run rate. Used comes from the quota worker's own
-ledger (as ``gpumeter quota status``), so it is what the next quota decision sees.
+``budget show`` prints the tenant's budget lines (quota.budget, as the finance report shows
+them): per gpu_hours/spend limit and per gpu_hours_by_model key, the base limit, the grants
+counted now, the limit, used, remaining and the runway (the insights forecast where its model
+beat the run rate, else the period's run rate; it says which). Used comes from the quota
+worker's own ledger (as ``gpumeter quota status``), so it is what the next quota decision sees.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from datetime import UTC, datetime, timedelta
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pydantic import ValidationError
@@ -109,17 +111,20 @@ def grant(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def show(settings: Settings, args: argparse.Namespace) -> int:
+    from dashboards.budget_report import stored_exhaustions
     from gpumeter.app.cli.quota import _read_states
     from gpumeter.core.topics import ledger_changelog_topic
     from gpumeter.infra import grants as store
-    from quota.grants import GrantError, active, fold, of_file
-    from quota.periods import period_end, period_key, period_start
-    from streams.quota import tenant_status
+    from quota.accounting import TenantLedger, period_used, status
+    from quota.budget import budget_view
+    from quota.grants import GrantError, fold, previous_period
+    from quota.periods import period_key
 
     policy = _tenant_policy(settings, args.tenant)
     client = _client(settings)
     try:
         records = store.read(client, args.tenant)
+        forecasts = stored_exhaustions(client, args.tenant)
     finally:
         client.close()
     try:
@@ -131,26 +136,34 @@ def show(settings: Settings, args: argparse.Namespace) -> int:
     state = states.get(args.tenant)
     at = (instant("--at", args.at) if args.at else
           state.clock if state is not None and state.clock is not None else datetime.now(UTC))
-    status = tenant_status(args.tenant, state, policy, at, settings.quota.stale_seconds, table_grants)
-    every = [*of_file(policy.grants), *table_grants]
-    current = period_key(at, policy.period)
-    start, end = period_start(current), period_end(current)
+    ledger = state.ledger if state is not None else TenantLedger(tenant=args.tenant)
+    # Used as the quota worker counts it (its ledger, as `quota status`); the lines (limit,
+    # grants, runway) as the report's (quota.budget).
+    entries = status(ledger, policy, at, settings.quota.stale_seconds, table_grants)
+    states_of = {(e.metric, e.gpu_model): e.state for e in entries}
+    used: dict[GrantMetric, Decimal] = {e.metric: e.used for e in entries
+                                        if e.metric != "max_gpus" and e.gpu_model is None}
+    by_model = {e.gpu_model: e.used for e in entries if e.metric == "gpu_hours" and e.gpu_model is not None}
+    previous = previous_period(period_key(at, policy.period))
+    before: dict[GrantMetric, Decimal] = {m: period_used(ledger, m, previous) for m in ("gpu_hours", "spend")}
+    lines = budget_view(policy, table_grants, at, used, before, by_model, forecasts)
     metrics: list[dict[str, Any]] = []
-    for entry in status.metrics:
-        if entry.metric == "max_gpus" or entry.limit is None:
-            continue
-        metric: GrantMetric = entry.metric
-        base: Decimal = getattr(policy, metric)
-        remaining = entry.limit - entry.used
+    for line in lines:
+        metric = line.metric
         metrics.append({
-            "metric": metric, "period": current, "base_limit": _show_amount(metric, base),
+            "metric": metric, "gpu_model": line.gpu_model, "period": line.period,
+            "base_limit": _show_amount(metric, line.base_limit),
             "grants": [{"grant": g.key, "amount": _show_amount(metric, g.amount),
+                        "granted": _show_amount(metric, g.granted), "carried": g.carried,
                         "effective_at": _when(g.effective_at),
                         "expires_at": _when(g.expires_at) if g.expires_at else None, "rollover": g.rollover}
-                       for g in active(every, metric, policy.period, at)],
-            "limit": _show_amount(metric, entry.limit), "used": _show_amount(metric, entry.used),
-            "remaining": _show_amount(metric, remaining), "state": entry.state,
-            "runway": _runway(entry.used, remaining, at - start, end - at),
+                       for g in line.grants],
+            "limit": _show_amount(metric, line.limit), "used": _show_amount(metric, line.used),
+            "remaining": _show_amount(metric, line.remaining),
+            "state": states_of.get((metric, line.gpu_model), "ok"),
+            "runway": line.runway.text(), "runway_from": line.runway.source,
+            "runway_hours": None if line.runway.hours is None else str(line.runway.hours),
+            "runway_until": _when(line.runway.until) if line.runway.until else None,
         })
     document = {"tenant": args.tenant, "at": _when(at), "on_exceed": policy.on_exceed, "metrics": metrics}
     if args.json:
@@ -160,24 +173,13 @@ def show(settings: Settings, args: argparse.Namespace) -> int:
     if not metrics:
         print("  no gpu_hours or spend limit")
     for item in metrics:
-        print(f"  {item['metric']} {item['period']}: limit {item['limit']} = base {item['base_limit']}"
-              + "".join(f" + {g['grant']} {g['amount']}" for g in item["grants"]))
+        scope = f" {item['gpu_model']}" if item["gpu_model"] else ""
+        print(f"  {item['metric']}{scope} {item['period']}: limit {item['limit']} = base {item['base_limit']}"
+              + "".join(f" + {g['grant']} {g['amount']}" + (" (carried)" if g["carried"] else "")
+                        for g in item["grants"]))
         print(f"    used {item['used']}  remaining {item['remaining']}  ({item['state']})  "
               f"runway {item['runway']}")
     return 0
-
-
-def _runway(used: Decimal, remaining: Decimal, elapsed: timedelta, left: timedelta) -> str:
-    """When the limit is reached at the period's run rate so far (used / elapsed)."""
-    if remaining <= 0:
-        return "exhausted"
-    seconds = Decimal(elapsed.total_seconds())
-    if used <= 0 or seconds <= 0:
-        return "beyond the period (no use yet)"
-    runway = remaining / (used / seconds)
-    if runway >= Decimal(left.total_seconds()):
-        return "beyond the period at the current rate"
-    return f"{(runway / 3600).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)} h at the current rate"
 
 
 def _tenant_policy(settings: Settings, tenant: str) -> TenantPolicy:

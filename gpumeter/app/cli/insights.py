@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpumeter.app.cli.arguments import aware_time, positive_number
-from gpumeter.app.cli.errors import UsageError
+from gpumeter.app.cli.errors import Failure, UsageError
 from gpumeter.core.money import format_money
 from gpumeter.core.settings import Settings
 
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    from dashboards.insights_job import evaluate, publish_advice, store
+    from dashboards.insights_job import evaluate, publish_advice, read_grants, store
     from gpumeter.app import schema
     from gpumeter.core.tenants import load_tenants
     from gpumeter.infra import clickhouse
@@ -65,9 +65,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     try:
         if not args.no_publish:
             schema.migrate(client)
+        try:
+            # Forecasts run against base + grants: rows that do not add up are refused, not guessed.
+            grants = read_grants(client)
+        except ValueError as exc:
+            raise Failure(f"quota_grants: {exc}") from None
         with console.status("reading usage, detecting idle GPUs, backtesting and forecasting..."):
             result = evaluate(client, load_tenants(settings.tenants), args.at, rule,
-                              forecasts=not args.no_forecasts)
+                              forecasts=not args.no_forecasts, grants=grants)
         if result.at is None:
             console.print("no gpu usage in ClickHouse yet: nothing to advise")
             return 0
