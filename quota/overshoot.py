@@ -17,7 +17,9 @@ resource, of which only the GPU pods are evicted: neither has a bound of this fo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 
 from gpumeter.core.money import MICRO, exact
@@ -48,3 +50,44 @@ def overshoot_bound(metric: str, on_exceed: str | None, gpus_held: Decimal, grac
     with exact():
         hours = gpus_held * delays.total(grace_seconds) / SECONDS_PER_HOUR
     return hours.quantize(MICRO, rounding=ROUND_CEILING)
+
+
+# -- the overshoot measured from stored usage (benchmarks/quota_overshoot.py) ----------------------
+
+
+@dataclass(frozen=True)
+class WindowUsage:
+    """One window of a tenant's stored gpu usage (each event_id once)."""
+
+    window_start: datetime
+    unit_seconds: Decimal  # Σ unit_seconds of the tenant's gpu samples of the window
+    gpus_held: Decimal  # Σ quantity of those samples: the GPUs held, as `max_gpus` counts them
+
+
+@dataclass(frozen=True)
+class MeasuredOvershoot:
+    crossing_window: datetime  # the first window at whose end the use reached the limit
+    gpus_held: Decimal  # GPUs held in that window
+    used: Decimal  # GPU-hours up to and including the window ``until`` names
+    overshoot: Decimal  # used - limit (negative: the limit was never passed by then)
+
+
+def measured_overshoot(windows: Iterable[WindowUsage], limit: Decimal,
+                       until: datetime) -> MeasuredOvershoot | None:
+    """The GPU-hours a tenant used past ``limit`` by the end of the window starting at ``until``
+    (the one its last victim ended in), from its stored windows in any order; None when its
+    use up to ``until`` never reached the limit. Exact: no rounding of the sums."""
+    ordered = sorted(windows, key=lambda w: w.window_start)
+    with exact():
+        seconds = Decimal(0)
+        crossing: WindowUsage | None = None
+        for window in ordered:
+            if window.window_start > until:
+                break
+            seconds += window.unit_seconds
+            if crossing is None and seconds / SECONDS_PER_HOUR >= limit:
+                crossing = window
+        if crossing is None:
+            return None
+        used = seconds / SECONDS_PER_HOUR
+        return MeasuredOvershoot(crossing.window_start, crossing.gpus_held, used, used - limit)

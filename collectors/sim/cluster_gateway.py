@@ -12,7 +12,10 @@ Kubernetes runs against the fleet, not a second one. What the calls mean here:
   answers 404. The notice annotations live here, by pod uid, and go with the pod;
 - ``evict`` ends the pod: the fleet takes it off its node at its next window and meters it no
   more (``SimulatedFleet.evict``); 201, or 404 (no such pod running) / 409 (another uid);
-  an evicted pod shows a ``deletionTimestamp`` until the fleet has removed it;
+  an evicted pod shows a ``deletionTimestamp`` until the fleet has removed it. With ``clock``
+  (a fleet run in real time, benchmarks/quota_overshoot.py) the pod ends at the moment the
+  eviction was asked for, read from ``clock`` before the lock is taken, and the fleet bills it
+  up to then; without it, at the fleet's clock (the demo, whose fleet time jumps ahead);
 - ``post_event`` keeps the Event (reason, message, the fleet's clock) for the demo's report.
 
 Every call holds ``lock``: the fleet is stepped on another thread, which holds it too.
@@ -21,6 +24,7 @@ Every call holds ``lock``: the fleet is stepped on another thread, which holds i
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -48,11 +52,14 @@ def _unpointer(token: str) -> str:
 
 
 class SimClusterGateway:
-    def __init__(self, fleet: SimulatedFleet, lock: threading.Lock | None = None) -> None:
+    def __init__(self, fleet: SimulatedFleet, lock: threading.Lock | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
         self.fleet = fleet
         self.lock = lock or threading.Lock()
+        self.clock = clock
         self.annotations: dict[str, dict[str, str]] = {}  # pod uid -> annotations written
-        self.evicted: dict[str, datetime] = {}  # pod uid -> fleet clock when the eviction was accepted
+        self.evicted: dict[str, datetime] = {}  # pod uid -> when the eviction was accepted (see clock)
+        self.evicted_namespace: dict[str, str] = {}  # pod uid -> its namespace (= tenant)
         self.events: list[PostedEvent] = []
 
     # -- reads ------------------------------------------------------------------------------
@@ -63,9 +70,9 @@ class SimClusterGateway:
         with self.lock:
             return self.fleet.kube_nodes()
 
-    def _pods(self) -> list[dict[str, Any]]:
+    def _pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
-            pods = self.fleet.kube_pods(self.annotations)
+            pods = self.fleet.kube_pods(self.annotations, namespace)
         for pod in pods:
             at = self.evicted.get(pod["metadata"]["uid"])
             if at is not None:
@@ -73,7 +80,7 @@ class SimClusterGateway:
         return pods
 
     def pods(self, namespace: str | None = None) -> list[dict[str, Any]]:
-        return [p for p in self._pods() if namespace is None or p["metadata"]["namespace"] == namespace]
+        return self._pods(namespace)
 
     def unscheduled_pods(self) -> list[dict[str, Any]]:
         return [p for p in self._pods() if not p["spec"].get("nodeName")]
@@ -116,17 +123,19 @@ class SimClusterGateway:
         return 415
 
     def evict(self, namespace: str, name: str, uid: str) -> tuple[int, bytes]:
+        asked = self.clock() if self.clock is not None else None
         found = self.pod(namespace, name)
         if found is None:
             return 404, b'{"kind":"Status","message":"pod not found"}'
         if found["metadata"]["uid"] != uid:
             return 409, b'{"kind":"Status","message":"uid precondition failed"}'
         with self.lock:
-            accepted = self.fleet.evict(uid)
-            at = self.fleet.clock
+            accepted = self.fleet.evict(uid, asked)
+            at = asked if asked is not None else self.fleet.clock
         if not accepted and uid not in self.evicted:
             return 404, b'{"kind":"Status","message":"pod is not running"}'
         self.evicted.setdefault(uid, at)
+        self.evicted_namespace.setdefault(uid, namespace)
         return 201, b'{"kind":"Status","status":"Success"}'
 
     def post_event(self, pod: Any, reason: str, message: str, warning: bool = False) -> None:

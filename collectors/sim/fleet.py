@@ -71,6 +71,7 @@ returns the same samples validated as :class:`~gpumeter.core.models.UsageSample`
 
 from __future__ import annotations
 
+import math
 import random
 import uuid
 from collections.abc import Iterator, Mapping
@@ -231,22 +232,30 @@ class SimulatedFleet:
             )
         return pods
 
-    def evict(self, pod_uid: str) -> bool:
-        """Ask the fleet to evict a running pod; it emits no samples from the next window on.
+    def evict(self, pod_uid: str, at: datetime | None = None) -> bool:
+        """Ask the fleet to evict a running pod. Without ``at`` it emits no samples from the next
+        window on (the demo's fleet time jumps a window at a time). With ``at`` (a fleet run in
+        real time, where the eviction lands inside the window being metered) the pod ends at
+        that moment, rounded up to the second: the window it ends in bills the part it held.
 
         Returns False when no such pod is running. The evicted job is not resubmitted.
         """
-        return self._scheduler.request_eviction(pod_uid)
+        at_second = None if at is None else math.ceil((at - self._origin).total_seconds())
+        return self._scheduler.request_eviction(pod_uid, at_second)
 
     def set_admission_filter(self, admit: AdmissionFilter | None) -> None:
         """Ask ``admit`` before placing a job (collectors/sim/scheduler.py): the extender's filter."""
         self._scheduler.admit = admit
 
-    def kube_pods(self, annotations: Mapping[str, Mapping[str, str]] | None = None) -> list[dict[str, Any]]:
+    def kube_pods(self, annotations: Mapping[str, Mapping[str, str]] | None = None,
+                  namespace: str | None = None) -> list[dict[str, Any]]:
         """Running and queued pods as the API server lists them (collectors/sim/kube_objects.py);
-        ``annotations``: by pod uid, what was written on the pods."""
+        ``annotations``: by pod uid, what was written on the pods; ``namespace``: only its pods
+        (a tenant's namespace is named after it)."""
         notes = annotations or {}
         jobs = [*self._scheduler.running.values(), *self._scheduler.queue]
+        if namespace is not None:
+            jobs = [job for job in jobs if job.tenant == namespace]
         return [pod_object(job, self._origin, self._seconds, notes.get(job.pod_uid)) for job in jobs]
 
     def kube_nodes(self) -> list[dict[str, Any]]:
@@ -336,7 +345,7 @@ class SimulatedFleet:
         scheduler = self._scheduler
 
         self._events.restore(index, start)
-        scheduler.evict_requested()
+        scheduler.evict_requested(index)
         submitted = self._submit(index, start)
         if submitted or scheduler.dirty or scheduler.blocked_changed():
             scheduler.dirty = False

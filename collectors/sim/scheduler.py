@@ -88,7 +88,8 @@ class Scheduler:
         self._ends: dict[int, list[Job]] = {}
         self._blocked: set[str] = set()
         self._last_blocked: frozenset[str] = frozenset()
-        self._evict: list[str] = []
+        self._evict: dict[str, int | None] = {}  # pod uid -> when (seconds since the start; None: now)
+        self._ending_evicted: set[str] = set()  # evicted at a moment of a window not stepped yet
         self.admit: AdmissionFilter | None = None
         self.dirty = False  # capacity freed since the last scheduling pass
         reserve = config.reserve_after_seconds
@@ -211,18 +212,31 @@ class Scheduler:
             return True
         return False
 
-    def request_eviction(self, pod_uid: str) -> bool:
+    def request_eviction(self, pod_uid: str, at_second: int | None = None) -> bool:
+        """Evict a running pod: at the start of the next window stepped (``at_second`` None), or
+        at ``at_second`` (seconds since the fleet's start), billed up to then."""
         if pod_uid not in self.running or pod_uid in self._evict:
             return False
-        self._evict.append(pod_uid)
+        self._evict[pod_uid] = at_second
         return True
 
-    def evict_requested(self) -> None:
-        for pod_uid in self._evict:
-            job_or_none = self.running.get(pod_uid)
-            if job_or_none is not None:
-                self.remove(job_or_none)
+    def evict_requested(self, index: int) -> None:
+        """Carry out the evictions asked for before window ``index`` is stepped. One timed inside
+        or after that window ends the pod there (its last sample bills the part it held, as the
+        agent bills a terminated pod); one timed before it, or untimed, ends it before."""
+        window_start = index * self._seconds
+        for pod_uid, at_second in self._evict.items():
+            job = self.running.get(pod_uid)
+            if job is None:
+                continue
+            if at_second is None or at_second <= max(window_start, job.started):
+                self.remove(job)
                 self.stats.jobs_evicted += 1
+            elif at_second < job.finished:
+                job.duration = at_second - job.started
+                job.end_window = (job.finished - 1) // self._seconds
+                self._ends.setdefault(job.end_window, []).append(job)
+                self._ending_evicted.add(pod_uid)
         self._evict.clear()
 
     def end_window(self, index: int) -> None:
@@ -230,7 +244,11 @@ class Scheduler:
         for job in self._ends.pop(index, ()):
             if self.running.get(job.pod_uid) is job:
                 self.remove(job)
-                self.stats.jobs_finished += 1
+                if job.pod_uid in self._ending_evicted:
+                    self._ending_evicted.discard(job.pod_uid)
+                    self.stats.jobs_evicted += 1
+                else:
+                    self.stats.jobs_finished += 1
 
     # ------------------------------------------------------------------ placement
 

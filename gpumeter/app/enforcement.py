@@ -56,12 +56,15 @@ READY_TIMEOUT_SECONDS = 60.0
 
 class DemoEnforcement:
     def __init__(self, settings: Settings, fleet: SimulatedFleet, lock: threading.Lock,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, clock: Callable[[], datetime] | None = None) -> None:
+        """``clock``: None for the demo (the fleet's clock, see the module's docstring); the wall
+        clock for a fleet stepped in real time (benchmarks/quota_overshoot.py), where it also
+        dates the evictions, so that an evicted pod is billed up to the moment it was evicted."""
         self.settings = settings
         self.fleet = fleet
         self.lock = lock
-        self.gateway = SimClusterGateway(fleet, lock)
-        self.clock: Callable[[], datetime] = lambda: fleet.clock
+        self.gateway = SimClusterGateway(fleet, lock, clock)
+        self.clock: Callable[[], datetime] = clock or (lambda: fleet.clock)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

@@ -5,6 +5,8 @@ on a real SimulatedFleet."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from collectors.sim.cluster_gateway import JSON_PATCH, MERGE_PATCH, SimClusterGateway
@@ -76,6 +78,44 @@ def test_an_eviction_ends_the_pod_and_its_metering() -> None:
     assert all(s["pod_uid"] != uid for s in samples)
     assert gateway.pod(ns, name) is None
     assert gateway.evict(ns, name, uid)[0] == 404
+
+
+def test_an_eviction_dated_by_a_clock_bills_the_pod_up_to_that_moment() -> None:
+    # A fleet stepped in real time: the eviction lands 150 s into the 600 s window being metered,
+    # so that window's sample bills a quarter of the GPU, and none follows.
+    fleet = small()
+    uid = fleet.submit("team-a", model="H100-SXM-80GB", gpus=1, duration_seconds=86_400)
+    fleet.step_dicts()  # window 0 placed the pod; the fleet's clock is now window 1's start
+    moment = fleet.clock + timedelta(seconds=149, microseconds=200_000)  # rounded up to 150 s
+    gateway = SimClusterGateway(fleet, clock=lambda: moment)
+    pod = next(p for p in gateway.pods("team-a") if p["metadata"]["uid"] == uid)
+    assert gateway.evict("team-a", pod["metadata"]["name"], uid)[0] == 201
+    assert gateway.evicted[uid] == moment and gateway.evicted_namespace[uid] == "team-a"
+    window = [s for s in fleet.step_dicts() if s["pod_uid"] == uid and s["kind"] == "gpu"]
+    assert [Decimal(s["quantity"]) for s in window] == [Decimal("0.25")]
+    assert uid not in {p["pod_uid"] for p in fleet.running_pods()}
+    assert all(s["pod_uid"] != uid for s in fleet.step_dicts())
+    assert fleet.stats.jobs_evicted == 1
+
+
+def test_an_eviction_dated_before_the_window_ends_the_pod_before_it() -> None:
+    fleet = small()
+    uid = fleet.submit("team-a", model="H100-SXM-80GB", gpus=1, duration_seconds=86_400)
+    fleet.step_dicts()
+    before = fleet.clock - timedelta(seconds=30)  # asked in the window already metered
+    assert fleet.evict(uid, before)
+    assert all(s["pod_uid"] != uid for s in fleet.step_dicts())
+
+
+def test_pods_of_one_namespace_are_only_that_tenants() -> None:
+    fleet = small()
+    fleet.submit("team-a", model="H100-SXM-80GB", gpus=1, duration_seconds=86_400)
+    fleet.step_dicts()
+    gateway = SimClusterGateway(fleet)
+    mine = gateway.pods("team-a")
+    assert mine and {p["metadata"]["namespace"] for p in mine} == {"team-a"}
+    assert {p["metadata"]["uid"] for p in mine} == {
+        p["metadata"]["uid"] for p in gateway.pods() if p["metadata"]["namespace"] == "team-a"}
 
 
 def test_the_admission_filter_holds_refused_pods_and_they_are_placed_once_passed() -> None:
