@@ -18,6 +18,9 @@ kubernetes client's ``sanitize_for_serialization`` gives); no kubernetes import.
   sidecars started before it; plus the pod overhead. A sidecar is an init container with
   ``restartPolicy: Always``. A container's limit stands in for its missing request (API
   defaulting).
+* GPU resources: ``nvidia.com/gpu``, MIG devices ``nvidia.com/mig-<profile>`` and either
+  renamed ``.shared`` when time-sliced. The agent bills all of them; the extender refuses a
+  blocked tenant any of them, while GPUs held (``max_gpus``) count ``nvidia.com/gpu`` only.
 * Schedulable units of a GPU (contract 8): ``replicas`` when the device plugin time-slices it,
   none in MIG mode (handed out as MIG devices, never as ``nvidia.com/gpu``).
 """
