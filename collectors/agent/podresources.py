@@ -22,21 +22,14 @@ import grpc
 
 from collectors.agent.mig import parse_profile
 from collectors.agent.proto.generate import load as load_stubs
-from gpumeter.core.kube import GPU_RESOURCE
+from gpumeter.core.kube import MIG_RESOURCE_PREFIX, SHARED_SUFFIX, is_gpu_resource
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DRA_GPU_DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver: whole GPUs and MIG devices
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-SHARED_SUFFIX = ".shared"  # device plugin's renameByDefault for time-sliced GPUs
 REPLICA_SEPARATOR = "::"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-def is_gpu_resource(resource_name: str) -> bool:
-    base = resource_name.removesuffix(SHARED_SUFFIX)
-    return base == GPU_RESOURCE or base.startswith(MIG_RESOURCE_PREFIX)
 
 
 def mig_profile_of(resource_name: str) -> str | None:

@@ -39,6 +39,16 @@ class Refusal:
     message: str
 
 
+def filter_args(job: Job, node_names: Sequence[str], origin: datetime, window_seconds: int) -> dict[str, Any]:
+    """The ``ExtenderArgs`` kube-scheduler sends about ``job`` (nodeCacheCapable: NodeNames),
+    asked before binding: the pod is Pending, with no node yet. Its resources are the job's
+    (kube_objects.job_resources): ``nvidia.com/gpu``, or a MIG profile's own resource."""
+    pod = pod_object(job, origin, window_seconds)
+    pod["spec"].pop("nodeName", None)
+    pod["status"] = {"phase": "Pending"}
+    return {"Pod": pod, "NodeNames": list(node_names)}
+
+
 class ExtenderFilter:
     """``admit(job, node_names)``: the names the extender passes (see the module docstring)."""
 
@@ -56,10 +66,7 @@ class ExtenderFilter:
         self.refusals: list[Refusal] = []
 
     def __call__(self, job: Job, node_names: Sequence[str]) -> Sequence[str]:
-        pod = pod_object(job, self._origin, self._seconds)
-        pod["spec"].pop("nodeName", None)  # asked before binding: the pod has no node yet
-        pod["status"] = {"phase": "Pending"}
-        body = json.dumps({"Pod": pod, "NodeNames": list(node_names)}).encode()
+        body = json.dumps(filter_args(job, node_names, self._origin, self._seconds)).encode()
         with self._lock:
             self.calls += 1
             answer = self._post(body)

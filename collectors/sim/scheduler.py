@@ -3,9 +3,9 @@
 Whole-GPU jobs go first-fit on the nodes of their model and get the best-connected free set
 (collectors/sim/allocation.py); a MIG job takes a free MIG device of its profile; a time-sliced
 job gets one replica on the GPU with the fewest pods. Jobs that do not fit wait in a FIFO queue
-re-scanned every window (backfill); a whole-GPU job waiting ``reserve_after_seconds`` stops
-backfill on its model. A tenant's queue is capped (``max_queue_per_tenant``), and a blocked
-tenant's jobs wait (a quota ``block`` action).
+re-scanned every window (backfill); a whole-GPU job waiting ``reserve_after_seconds`` for room
+stops backfill on its model (one the admission filter refused does not). A tenant's queue is
+capped (``max_queue_per_tenant``), and a blocked tenant's jobs wait (a quota ``block`` action).
 
 With an admission filter (``Scheduler.admit``, what kube-scheduler's extender is to it) a
 job is placed only on a node the filter passes among those where it fits; the filter sees
@@ -91,6 +91,7 @@ class Scheduler:
         self._evict: dict[str, int | None] = {}  # pod uid -> when (seconds since the start; None: now)
         self._ending_evicted: set[str] = set()  # evicted at a moment of a window not stepped yet
         self.admit: AdmissionFilter | None = None
+        self._refused: set[str] = set()  # pod uids the filter refused in this pass
         self.dirty = False  # capacity freed since the last scheduling pass
         reserve = config.reserve_after_seconds
         self._reserve_after = None if reserve is None else -(-reserve // config.window_seconds)
@@ -253,6 +254,7 @@ class Scheduler:
     # ------------------------------------------------------------------ placement
 
     def schedule(self, index: int) -> None:
+        self._refused.clear()
         waiting: list[Job] = []
         reserved: set[str] = set()  # models held for a starving whole-GPU job
         reserve_after = self._reserve_after
@@ -262,7 +264,12 @@ class Scheduler:
                 continue
             whole = job.request == "whole"
             if (whole and job.model in reserved) or not self._place(job):
-                if whole and reserve_after is not None and index - job.submitted >= reserve_after:
+                # Only a job starving for room reserves its model: one the admission filter
+                # refused (a blocked tenant's) holds nothing, as kube-scheduler holds nothing
+                # for a pod its extender refuses; it would stop backfill for as long as a
+                # quota block lasts.
+                if (whole and reserve_after is not None and index - job.submitted >= reserve_after
+                        and job.pod_uid not in self._refused):
                     reserved.add(job.model)
                 waiting.append(job)
                 continue
@@ -294,6 +301,7 @@ class Scheduler:
             passed = set(self.admit(job, [node.name for node in fitting]))
             nodes = [node for node in fitting if node.name in passed]
             if not nodes:
+                self._refused.add(job.pod_uid)
                 self.dirty = True  # asked again at the next pass, as kube-scheduler retries
         for node in nodes:
             placed = self._devices_on(node, job)

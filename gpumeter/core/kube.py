@@ -18,6 +18,9 @@ kubernetes client's ``sanitize_for_serialization`` gives); no kubernetes import.
   sidecars started before it; plus the pod overhead. A sidecar is an init container with
   ``restartPolicy: Always``. A container's limit stands in for its missing request (API
   defaulting).
+* GPU resources: ``nvidia.com/gpu``, MIG devices ``nvidia.com/mig-<profile>`` and either
+  renamed ``.shared`` when time-sliced. The agent bills all of them; the extender refuses a
+  blocked tenant any of them, while GPUs held (``max_gpus``) count ``nvidia.com/gpu`` only.
 * Schedulable units of a GPU (contract 8): ``replicas`` when the device plugin time-slices it,
   none in MIG mode (handed out as MIG devices, never as ``nvidia.com/gpu``).
 """
@@ -32,6 +35,11 @@ from typing import Any
 from gpumeter.core.models import CAPACITY_TYPES, CapacityType, GpuDevice
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The NVIDIA device plugin's other GPU resources: MIG devices under the mixed strategy
+# (``nvidia.com/mig-1g.10gb``), and time-sliced replicas when it renames them
+# (``renameByDefault``: ``nvidia.com/gpu.shared``, ``nvidia.com/mig-1g.10gb.shared``).
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+SHARED_SUFFIX = ".shared"
 TENANT_LABEL = "gpumeter.io/tenant"
 CAPACITY_TYPE_LABEL = "gpumeter.io/capacity-type"  # on a node (what was bought) or a pod (declared)
 PROTECTED_ANNOTATION = "gpumeter.io/protected"
@@ -251,6 +259,36 @@ def effective_requests(spec: Mapping[str, Any], resources: Collection[str] | Non
 def gpu_request(spec: Mapping[str, Any]) -> Decimal:
     """The pod's effective ``nvidia.com/gpu`` request."""
     return effective_requests(spec, (GPU_RESOURCE,)).get(GPU_RESOURCE, Decimal(0))
+
+
+def is_gpu_resource(resource_name: str) -> bool:
+    """A resource the device plugin hands out as GPU devices: ``nvidia.com/gpu``, a MIG
+    profile's ``nvidia.com/mig-<profile>``, or either renamed ``.shared`` when time-sliced."""
+    base = resource_name.removesuffix(SHARED_SUFFIX)
+    return base == GPU_RESOURCE or base.startswith(MIG_RESOURCE_PREFIX)
+
+
+def other_gpu_device_request(spec: Mapping[str, Any]) -> Decimal:
+    """The pod's effective request of GPU devices by any name but ``nvidia.com/gpu`` (MIG
+    devices, renamed time-sliced replicas), summed over those resources: a pod asking one of
+    them is a GPU pod whose hours its tenant's quota counts, though it asks no whole GPU."""
+    names = [name for name in _resource_names(spec) if name != GPU_RESOURCE and is_gpu_resource(name)]
+    if not names:
+        return Decimal(0)
+    return sum(effective_requests(spec, names).values(), Decimal(0))
+
+
+def _resource_names(spec: Mapping[str, Any]) -> set[str]:
+    names: set[str] = set()
+    containers = [*(spec.get("containers") or ()), *(spec.get("initContainers") or ()),
+                  {"resources": {"requests": spec.get("overhead")}}]
+    for container in containers:
+        resources = container.get("resources") if isinstance(container, Mapping) else None
+        for kind in ("limits", "requests"):
+            found = resources.get(kind) if isinstance(resources, Mapping) else None
+            if isinstance(found, Mapping):
+                names.update(name for name in found if isinstance(name, str))
+    return names
 
 
 # -- GPU sharing ------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Both the extender wires (kube-scheduler's and Volcano's requests) and the state's watches
 (API objects, camelCase) read the same shapes: field names matched case-insensitively as Go
 does, values checked for type with a ``WireError`` naming where a shape is wrong, and
-``nvidia.com/gpu`` quantities counted in whole GPUs. A pod's GPU request is checked here and
+GPU quantities counted in whole devices (``nvidia.com/gpu``, and apart from it MIG devices and
+renamed time-sliced replicas). A pod's GPU request is checked here and
 computed by ``gpumeter.core.kube.effective_requests``, the kubelet's rule the agent bills by.
 """
 
@@ -16,7 +17,6 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from gpumeter.core import kube
-from gpumeter.core.kube import GPU_RESOURCE
 
 
 class WireError(ValueError):
@@ -161,15 +161,23 @@ def _gpu_resources(container: Any, where: str) -> dict[str, Any]:
     checked: dict[str, dict[str, Decimal]] = {}
     for kind in ("limits", "requests"):
         amounts = as_object(get(resources, kind), f"{where}.resources.{kind}", optional=True)
-        if GPU_RESOURCE in amounts:
-            checked[kind] = {GPU_RESOURCE: gpu_amount(amounts[GPU_RESOURCE],
-                                                      f"{where}.resources.{kind}[{GPU_RESOURCE!r}]")}
+        gpus = {name: gpu_amount(amount, f"{where}.resources.{kind}[{name!r}]")
+                for name, amount in amounts.items() if kube.is_gpu_resource(name)}
+        if gpus:
+            checked[kind] = gpus
     return {"resources": checked, "restartPolicy": get(spec, "restartPolicy")}
 
 
 def pod_gpus(spec: Mapping[str, Any], where: str = "Pod.spec") -> int:
-    """Effective GPU request, whole GPUs (a fraction rounds up): shapes and quantities are checked
-    here (a ``WireError`` names the field), the rule is ``gpumeter.core.kube.effective_requests``."""
+    """Effective ``nvidia.com/gpu`` request, whole GPUs (``pod_gpu_requests``)."""
+    return pod_gpu_requests(spec, where)[0]
+
+
+def pod_gpu_requests(spec: Mapping[str, Any], where: str = "Pod.spec") -> tuple[int, int]:
+    """(``nvidia.com/gpu``, other GPU devices) the pod asks, each in whole units (a fraction
+    rounds up); the others are MIG devices and renamed time-sliced replicas
+    (``gpumeter.core.kube.other_gpu_device_request``). Shapes and quantities are checked here (a
+    ``WireError`` names the field), the rule is ``gpumeter.core.kube.effective_requests``."""
     containers = as_list(get(spec, "containers"), f"{where}.containers", optional=True)
     inits = as_list(get(spec, "initContainers"), f"{where}.initContainers", optional=True)
     overhead = as_object(get(spec, "overhead"), f"{where}.overhead", optional=True)
@@ -177,7 +185,6 @@ def pod_gpus(spec: Mapping[str, Any], where: str = "Pod.spec") -> int:
         "containers": [_gpu_resources(c, f"{where}.containers[{i}]") for i, c in enumerate(containers)],
         "initContainers": [_gpu_resources(c, f"{where}.initContainers[{i}]") for i, c in enumerate(inits)],
     }
-    if GPU_RESOURCE in overhead:
-        checked["overhead"] = {GPU_RESOURCE: gpu_amount(overhead[GPU_RESOURCE],
-                                                        f"{where}.overhead[{GPU_RESOURCE!r}]")}
-    return math.ceil(kube.gpu_request(checked))
+    checked["overhead"] = {name: gpu_amount(amount, f"{where}.overhead[{name!r}]")
+                           for name, amount in overhead.items() if kube.is_gpu_resource(name)}
+    return math.ceil(kube.gpu_request(checked)), math.ceil(kube.other_gpu_device_request(checked))

@@ -62,6 +62,13 @@ class PodRequest:
     gpus: int = 0
     priority: int = 0
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # GPU devices asked by another name than nvidia.com/gpu: MIG devices, renamed time-sliced
+    # replicas. Placement and max_gpus count nvidia.com/gpu only (``gpus``); quota refuses both.
+    other_gpu_devices: int = 0
+
+    @property
+    def asks_gpu(self) -> bool:
+        return self.gpus > 0 or self.other_gpu_devices > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +92,12 @@ class Policy:
 
     # -- quota -----------------------------------------------------------------------------
     def refusal(self, pod: PodRequest) -> str | None:
-        """The quota message refusing this pod everywhere, or None."""
-        if pod.gpus <= 0:
+        """The quota message refusing this pod everywhere, or None.
+
+        A pod asking a MIG device or a time-sliced replica under its own resource name is a GPU
+        pod too (its hours count against its tenant's gpu_hours and spend), so a blocked tenant
+        is refused it; max_gpus counts ``nvidia.com/gpu`` only, as the held GPUs do."""
+        if not pod.asks_gpu:
             return None
         tenant = self.view.tenant_of(pod.namespace)
         if tenant == NO_TENANT:
@@ -95,7 +106,7 @@ class Policy:
         if metric is not None:
             return quota_message(tenant, metric)
         limit = self.view.max_gpus.get(tenant)
-        if limit is not None:
+        if limit is not None and pod.gpus > 0:
             held = self.view.gpus_held.get(tenant, Decimal(0))
             if held + pod.gpus > limit:
                 detail = f"holds {held} GPUs, pod needs {pod.gpus}, limit {limit}"
@@ -130,7 +141,7 @@ class Policy:
         refused = self.refusal(pod)
         if refused is not None:
             return FilterResult([], {}, dict.fromkeys(names, refused))
-        if pod.gpus <= 0:
+        if not pod.asks_gpu:
             return FilterResult(names, {}, {})
         tenant = self.view.tenant_of(pod.namespace)
         if self.view.model_refusal_needed(tenant):
@@ -155,6 +166,8 @@ class Policy:
         return FilterResult(fitted.passed, {**exhausted, **fitted.failed}, fitted.unresolvable)
 
     def _fit(self, pod: PodRequest, names: list[str]) -> FilterResult:
+        if pod.gpus <= 0:  # MIG devices or replicas only: the fit tables count whole GPUs
+            return FilterResult(names, {}, {})
         # The hot path (5,000 names within a few ms): C-level passes over the fit table of
         # this GPU count (kept current by the placement index), no Python loop per name.
         short = self.view.placement.fit(pod.gpus).short
@@ -236,7 +249,7 @@ class Policy:
     def predicate(self, pod: PodRequest, node: str) -> tuple[int, str]:
         """(code, message): 3 with the quota message, 2 when too few GPUs are free or the node's
         GPU model is over its budget (another node may do), (0, "") ok."""
-        if pod.gpus > 0 and self.refusal(pod) is None:
+        if pod.asks_gpu and self.refusal(pod) is None:
             over_model = self.view.model_refusal(self.view.tenant_of(pod.namespace), node, pod.gpus)
             if over_model is not None:
                 return CODE_UNSCHEDULABLE, over_model

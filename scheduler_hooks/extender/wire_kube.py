@@ -39,7 +39,7 @@ from scheduler_hooks.cluster.kube_json import (
     as_object,
     as_str,
     get,
-    pod_gpus,
+    pod_gpu_requests,
     string_map,
 )
 from scheduler_hooks.cluster.placement import FitTable
@@ -48,18 +48,21 @@ from scheduler_hooks.extender.policy import FilterResult, PodRequest, Policy
 # -- v1.Pod -> PodRequest --------------------------------------------------------------------
 
 def pod_request(value: Any, where: str = "Pod") -> PodRequest:
-    """The policy's view of a v1.Pod: namespace, name, uid, GPUs, priority, annotations."""
+    """The policy's view of a v1.Pod: namespace, name, uid, GPUs (and other GPU devices),
+    priority, annotations."""
     pod = as_object(value, where)
     meta = as_object(get(pod, "metadata"), f"{where}.metadata", optional=True)
     spec = as_object(get(pod, "spec"), f"{where}.spec", optional=True)
+    gpus, other_gpu_devices = pod_gpu_requests(spec, f"{where}.spec")
     return PodRequest(
         namespace=as_str(get(meta, "namespace"), f"{where}.metadata.namespace", default="default")
         or "default",
         name=as_str(get(meta, "name"), f"{where}.metadata.name", default=""),
         uid=as_str(get(meta, "uid"), f"{where}.metadata.uid", default=""),
-        gpus=pod_gpus(spec, f"{where}.spec"),
+        gpus=gpus,
         priority=as_int(get(spec, "priority"), f"{where}.spec.priority", default=0),
         annotations=string_map(get(meta, "annotations"), f"{where}.metadata.annotations"),
+        other_gpu_devices=other_gpu_devices,
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from gpumeter.core.kube import GPU_RESOURCE
+from gpumeter.core.kube import GPU_RESOURCE, is_gpu_resource
 from scheduler_hooks.cluster.kube_json import (
     MAX_INT64,
     WireError,
@@ -45,31 +45,42 @@ MILLI_PER_GPU = 1000
 SCORE_SCALE = 10  # 0..10 policy scores become 0..100, the range of Volcano's node-order scores
 
 
-def resource_gpus(value: Any, where: str) -> int | None:
-    """Whole GPUs in a Volcano Resource (milli-units), None when the Resource is null."""
+def resource_devices(value: Any, where: str) -> tuple[int, int] | None:
+    """(``nvidia.com/gpu``, other GPU devices: MIG devices, renamed time-sliced replicas) in a
+    Volcano Resource (milli-units, whole devices rounded up), None when the Resource is null."""
     if value is None:
         return None
     resource = as_object(value, where)
     scalars = as_object(get(resource, "ScalarResources"), f"{where}.ScalarResources", optional=True)
-    field = f"{where}.ScalarResources[{GPU_RESOURCE!r}]"
-    milli = as_number(scalars.get(GPU_RESOURCE), field, default=Decimal(0))
-    if milli < 0:
-        raise WireError(f"{field} must not be negative")
-    if milli > MAX_INT64:  # Volcano's Resource holds float64s, but no node has that many GPUs
-        raise WireError(f"{field} is beyond 64 bits: no node has that many GPUs")
-    return math.ceil(milli / MILLI_PER_GPU)
+    gpus, other = 0, 0
+    for name, amount in scalars.items():
+        if not is_gpu_resource(name):
+            continue
+        field = f"{where}.ScalarResources[{name!r}]"
+        milli = as_number(amount, field, default=Decimal(0))
+        if milli < 0:
+            raise WireError(f"{field} must not be negative")
+        if milli > MAX_INT64:  # Volcano's Resource holds float64s, but no node has that many GPUs
+            raise WireError(f"{field} is beyond 64 bits: no node has that many GPUs")
+        if name == GPU_RESOURCE:
+            gpus = math.ceil(milli / MILLI_PER_GPU)
+        else:
+            other += math.ceil(milli / MILLI_PER_GPU)
+    return gpus, other
 
 
 def task_request(value: Any, where: str = "task") -> PodRequest:
-    """A TaskInfo as the policy's PodRequest; GPUs from Resreq, else InitResreq, else the Pod."""
+    """A TaskInfo as the policy's PodRequest; GPUs (and other GPU devices) from Resreq, else
+    InitResreq, else the Pod."""
     task = as_object(value, where)
     raw_pod = get(task, "Pod")
     pod = pod_request(raw_pod, f"{where}.Pod") if raw_pod is not None else None
-    gpus = resource_gpus(get(task, "Resreq"), f"{where}.Resreq")
-    if gpus is None:
-        gpus = resource_gpus(get(task, "InitResreq"), f"{where}.InitResreq")
-    if gpus is None:
-        gpus = pod.gpus if pod is not None else 0
+    devices = resource_devices(get(task, "Resreq"), f"{where}.Resreq")
+    if devices is None:
+        devices = resource_devices(get(task, "InitResreq"), f"{where}.InitResreq")
+    if devices is None:
+        devices = (pod.gpus, pod.other_gpu_devices) if pod is not None else (0, 0)
+    gpus, other_gpu_devices = devices
     namespace = as_str(get(task, "Namespace"), f"{where}.Namespace", default="")
     name = as_str(get(task, "Name"), f"{where}.Name", default="")
     uid = as_str(get(task, "UID"), f"{where}.UID", default="")
@@ -81,6 +92,7 @@ def task_request(value: Any, where: str = "task") -> PodRequest:
         gpus=gpus,
         priority=as_int(get(task, "Priority"), f"{where}.Priority", default=default_priority),
         annotations=pod.annotations if pod is not None else {},
+        other_gpu_devices=other_gpu_devices,
     )
 
 
@@ -108,22 +120,24 @@ def queue_name(value: Any, where: str = "queue") -> str:
 
 
 def job_request(value: Any, where: str = "job") -> tuple[str, int]:
-    """(namespace, GPUs) of a JobInfo: the largest of its total request, its tasks' requests
-    and its PodGroup's MinResources (tasks may not exist yet when a job asks to enqueue)."""
+    """(namespace, GPU devices) of a JobInfo: the largest of its total request, its tasks'
+    requests and its PodGroup's MinResources (tasks may not exist yet when a job asks to
+    enqueue). Devices are whole GPUs plus MIG devices and renamed replicas: any of them makes
+    it a GPU job, which a blocked tenant is refused."""
     job = as_object(value, where)
     group = as_object(get(job, "PodGroup"), f"{where}.PodGroup", optional=True)
     namespace = as_str(get(job, "Namespace"), f"{where}.Namespace", default="")
     namespace = namespace or as_str(get(group, "namespace"), f"{where}.PodGroup.namespace", default="")
-    total = resource_gpus(get(job, "TotalRequest"), f"{where}.TotalRequest") or 0
+    total = sum(resource_devices(get(job, "TotalRequest"), f"{where}.TotalRequest") or (0, 0))
     tasks = as_object(get(job, "Tasks"), f"{where}.Tasks", optional=True)
-    from_tasks = sum(task_request(task, f"{where}.Tasks[{uid!r}]").gpus for uid, task in tasks.items())
+    from_tasks = 0
+    for uid, task in tasks.items():
+        request = task_request(task, f"{where}.Tasks[{uid!r}]")
+        from_tasks += request.gpus + request.other_gpu_devices
     spec = as_object(get(group, "Spec"), f"{where}.PodGroup.Spec", optional=True)
     minimum = as_object(get(spec, "MinResources"), f"{where}.PodGroup.Spec.MinResources", optional=True)
-    from_group = (
-        gpu_count(minimum[GPU_RESOURCE], f"{where}.PodGroup.Spec.MinResources[{GPU_RESOURCE!r}]")
-        if GPU_RESOURCE in minimum
-        else 0
-    )
+    from_group = sum(gpu_count(amount, f"{where}.PodGroup.Spec.MinResources[{name!r}]")
+                     for name, amount in minimum.items() if is_gpu_resource(name))
     return namespace or "default", max(total, from_tasks, from_group)
 
 

@@ -19,10 +19,12 @@ def pod_manifest(
     labels: dict[str, str] | None = None,
     node_name: str | None = None,
     pool: str | None = None,
+    extra: dict[str, str] | None = None,
 ) -> k8s.V1Pod:
-    """``gpus`` GPUs requested (and limited); ``pool`` keeps the pod on that pool's nodes;
-    ``node_name`` binds it directly, as a running workload would be, with no scheduler involved."""
-    resources: dict[str, str] = {"cpu": "100m", "memory": "64Mi"}
+    """``gpus`` GPUs requested (and limited); ``extra`` other resources so (a MIG device);
+    ``pool`` keeps the pod on that pool's nodes; ``node_name`` binds it directly, as a running
+    workload would be, with no scheduler involved."""
+    resources: dict[str, str] = {"cpu": "100m", "memory": "64Mi", **(extra or {})}
     if gpus:
         resources[GPU_RESOURCE] = str(gpus)
     spec: dict[str, Any] = {

@@ -30,7 +30,7 @@ import yaml
 from kubernetes import client as k8s
 
 from gpumeter.core import topics
-from gpumeter.core.kube import GPU_PRODUCT_LABEL, GPU_RESOURCE, TENANT_LABEL
+from gpumeter.core.kube import GPU_PRODUCT_LABEL, GPU_RESOURCE, TENANT_LABEL, is_gpu_resource
 from gpumeter.core.models import GpuAssignment, GpuDevice, NodeAllocation, NodeTopology, QuotaEvent
 from gpumeter.core.settings import Settings, settings_env
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
@@ -191,6 +191,45 @@ def test_blocked_tenant_gpu_pod_stays_pending_with_our_message(pool: Pool, exten
     # Pods refused by an extender go back to the queue on any cluster event: a node update.
     pool.core.patch_node(nodes[0], {"metadata": {"labels": {"gpumeter.io/nudge": "1"}}})
     assert eventually(lambda: pool.bound_node("trainer"), "trainer bound after recovery") in nodes
+
+
+MIG_1G = "nvidia.com/mig-1g.10gb"
+
+
+def test_blocked_tenant_mig_pod_stays_pending_until_it_recovers(pool: Pool, extender: LiveHooks) -> None:
+    """Issue 33: a MIG pod asks nvidia.com/mig-<profile>, no nvidia.com/gpu. The shipped
+    managedResources must send it to the extender and the extender must refuse it for a blocked
+    tenant, or the tenant starts MIG pods whatever its quota."""
+    [node] = pool.gpu_nodes(1, gpus_per_node=4)
+    # The device plugin's mixed strategy advertises the MIG devices of the node's MIG GPUs.
+    def allocatable() -> dict[str, str]:
+        status = pool.core.read_node(node).status
+        return dict((status.allocatable if status else None) or {})
+
+    mig = {**allocatable(), MIG_1G: "4"}
+    pool.core.patch_node_status(node, {"status": {"allocatable": mig, "capacity": mig}})
+    eventually(lambda: allocatable().get(MIG_1G) == "4", "the node's MIG devices advertised")
+    pool.core.patch_namespace(pool.namespace, {"metadata": {"labels": {TENANT_LABEL: "team-blocked"}}})
+    eventually(
+        lambda: extender.call(lambda: extender.state.view.tenant_of(pool.namespace)) == "team-blocked",
+        "the namespace's tenant label watched",
+    )
+    exceeded = QuotaEvent(event_id="e2e-mig-exceeded", tenant="team-blocked", metric="gpu_hours",
+                          level="exceeded", threshold="1", used="10.5", limit="10", period=THIS_MONTH, at=AT)
+    extender.call(lambda: extender.state.apply_quota_event(exceeded))
+    pool.start_scheduler(scheduler_config(f"{extender.url}/kube"))
+
+    pool.create_pod("mig-notebook", extra={MIG_1G: "1"})
+    message = eventually(lambda: pool.scheduling_failure("mig-notebook"), "FailedScheduling event")
+    assert "gpumeter: tenant team-blocked over gpu_hours quota" in message
+    assert pool.bound_node("mig-notebook") is None
+
+    # It binds once the tenant recovers: the node has the device, the refusal was quota's.
+    recovered = exceeded.model_copy(update={"event_id": "e2e-mig-recovered", "level": "recovered",
+                                            "used": Decimal("9.5")})
+    extender.call(lambda: extender.state.apply_quota_event(recovered))
+    pool.core.patch_node(node, {"metadata": {"labels": {"gpumeter.io/nudge": "1"}}})
+    assert eventually(lambda: pool.bound_node("mig-notebook"), "MIG pod bound after recovery") == node
 
 
 def test_two_gpu_pod_lands_where_its_free_gpus_share_nvlink(pool: Pool, extender: LiveHooks) -> None:
@@ -440,4 +479,9 @@ def test_the_shipped_scheduler_configurations_name_our_routes() -> None:
     verbs = {value for key, value in arguments.items() if key.endswith("Verb")}
     assert verbs == set(VOLCANO_VERBS)
     assert arguments["extender.urlPrefix"].endswith("/volcano")
-    assert arguments["extender.managedResources"] == [GPU_RESOURCE]
+    # Both send every GPU pod: nvidia.com/gpu, its shared rename and MIG devices (issue 33).
+    managed = [item["name"] for item in extender["managedResources"]]
+    assert arguments["extender.managedResources"] == managed
+    assert {GPU_RESOURCE, f"{GPU_RESOURCE}.shared", MIG_1G} <= set(managed)
+    assert all(is_gpu_resource(name) for name in managed)
+    assert not any(item["ignoredByScheduler"] for item in extender["managedResources"])

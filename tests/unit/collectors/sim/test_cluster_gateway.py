@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from collectors.sim.cluster_gateway import JSON_PATCH, MERGE_PATCH, SimClusterGateway
+from collectors.sim.config import TenantSpec
 from collectors.sim.fleet import FleetConfig, SimulatedFleet
 from collectors.sim.workload import Job
 from gpumeter.core import jsonio
@@ -139,6 +140,48 @@ def test_the_admission_filter_holds_refused_pods_and_they_are_placed_once_passed
     allow["value"] = True  # nothing else changes: the refused pod is asked about again anyway
     fleet.step_dicts()
     assert uid in {p["pod_uid"] for p in fleet.running_pods()}
+
+
+def test_a_pod_refused_by_the_filter_holds_no_room_for_itself() -> None:
+    # Issue 33: in the demo a blocked tenant's refused whole-GPU pods waited past
+    # reserve_after_seconds and so stopped backfill on their model, for as long as the block
+    # lasted: the idle pods' successors after a spot reclaim (another tenant, room free) stayed
+    # pending. kube-scheduler holds nothing for a pod its extender refuses; the reservation is
+    # for a pod starving for room.
+    fleet = SimulatedFleet(FleetConfig(seed=3, window_seconds=600, nodes={"L40S-48GB": 1},
+                                       tenants=(TenantSpec("team-a", 0.0), TenantSpec("research", 0.0)),
+                                       warm_start_jobs=0, spot_reclaims_per_day=0.0,
+                                       agent_outages_per_day=0.0, reserve_after_seconds=600))
+    fleet.set_admission_filter(lambda job, names: [] if job.tenant == "team-a" else names)
+    refused = fleet.submit("team-a", model="L40S-48GB", gpus=1, duration_seconds=86_400)
+    for _ in range(3):  # refused for three windows: past reserve_after_seconds
+        fleet.step_dicts()
+    later = fleet.submit("research", model="L40S-48GB", gpus=1, duration_seconds=86_400)
+    fleet.step_dicts()
+    running = {p["pod_uid"] for p in fleet.running_pods()}
+    assert refused not in running
+    assert later in running, "a refused pod reserved its model: the next pod waits with the node free"
+
+
+def test_a_pod_waiting_for_room_still_reserves_its_model() -> None:
+    # The reservation itself stays: an 8-GPU pod waiting for room past reserve_after_seconds
+    # keeps a later 1-GPU pod of its model off the GPUs that free up before all 8 do.
+    fleet = SimulatedFleet(FleetConfig(seed=3, window_seconds=600, nodes={"H100-SXM-80GB": 1},
+                                       mig_gpus_per_node={}, tenants=(TenantSpec("team-a", 0.0),),
+                                       warm_start_jobs=0, spot_reclaims_per_day=0.0,
+                                       agent_outages_per_day=0.0, reserve_after_seconds=600))
+    fleet.set_admission_filter(lambda job, names: names)
+    fleet.submit("team-a", model="H100-SXM-80GB", gpus=4, duration_seconds=86_400)
+    fleet.submit("team-a", model="H100-SXM-80GB", gpus=4, duration_seconds=1800)  # ends in window 2
+    fleet.step_dicts()
+    big = fleet.submit("team-a", model="H100-SXM-80GB", gpus=8, duration_seconds=3600)
+    fleet.step_dicts()
+    fleet.step_dicts()  # big has waited a window: its model is reserved; 4 GPUs free at the end
+    small = fleet.submit("team-a", model="H100-SXM-80GB", gpus=1, duration_seconds=3600)
+    fleet.step_dicts()
+    running = {p["pod_uid"] for p in fleet.running_pods()}
+    assert big not in running and small not in running
+    assert fleet.stats.queued == 2
 
 
 def test_a_filter_passing_everything_changes_nothing() -> None:

@@ -128,6 +128,16 @@ FILTER_CASES = [
         unresolvable_prefix="gpumeter: tenant team-a over max_gpus quota",
     ),
     FilterCase("no-candidates", pod(gpus=1), [], []),
+    # A MIG device (nvidia.com/mig-<profile>) or a renamed time-sliced replica is a GPU pod too:
+    # its hours count against the tenant's gpu_hours and spend, so a blocked tenant is refused it.
+    FilterCase(
+        "mig-pod-of-blocked-tenant-refused-everywhere",
+        pod("ml-b", gpus=0, other_gpu_devices=1),
+        NODES,
+        [],
+        unresolvable_prefix="gpumeter: tenant team-b over spend quota",
+    ),
+    FilterCase("mig-pod-of-unblocked-tenant-passes", pod(gpus=0, other_gpu_devices=1), NODES, NODES),
 ]
 
 
@@ -245,8 +255,11 @@ def test_preempt(case: PreemptCase) -> None:
         (pod(gpus=2), "h100-b", (CODE_SUCCESS, "")),
         (pod(gpus=2), "mystery", (CODE_SUCCESS, "")),
         (pod("ml-b", gpus=0), "l40s-b", (CODE_SUCCESS, "")),
+        (pod("ml-b", gpus=0, other_gpu_devices=1), "a100-a",
+         (UNRESOLVABLE, "gpumeter: tenant team-b over spend quota")),
+        (pod(gpus=0, other_gpu_devices=1), "a100-a", (CODE_SUCCESS, "")),
     ],
-    ids=["blocked", "too-few-gpus", "fits", "unknown-node", "cpu-pod"],
+    ids=["blocked", "too-few-gpus", "fits", "unknown-node", "cpu-pod", "blocked-mig-pod", "mig-pod"],
 )
 def test_predicate(request_: PodRequest, node: str, expected: tuple[int, str]) -> None:
     assert POLICY.predicate(request_, node) == expected
@@ -311,6 +324,18 @@ def test_an_exhausted_model_fails_its_nodes_only_so_the_pod_may_land_elsewhere()
     # Another tenant's pods and GPU-less pods are untouched.
     assert policy.filter(pod("research", gpus=2), ["h100-b"]).passed == ["h100-b"]
     assert policy.filter(pod(gpus=0), ["h100-b"]).passed == ["h100-b"]
+
+
+def test_a_mig_pod_keeps_off_the_nodes_of_an_exhausted_model_too() -> None:
+    # A MIG device of an H100 is H100 hours: the budget's reason fails the H100 nodes; whole-GPU
+    # capacity is not its fit (l40s-b, 1 whole GPU free, passes: the scheduler checks the device).
+    policy = model_view(ModelBlock("gpu_hours", "H100-", ("H100-",)))
+    mig = pod(gpus=0, other_gpu_devices=1)
+    result = policy.filter(mig, NODES)
+    assert result.passed == ["l40s-a", "l40s-b", "mystery"]
+    assert set(result.failed) == {"h100-a", "h100-b"} and result.unresolvable == {}
+    assert policy.predicate(mig, "h100-a")[0] == CODE_UNSCHEDULABLE
+    assert policy.predicate(mig, "l40s-b") == (CODE_SUCCESS, "")
 
 
 def test_every_node_sent_of_an_exhausted_model_refuses_the_pod_everywhere() -> None:

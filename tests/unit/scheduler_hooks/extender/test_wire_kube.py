@@ -149,6 +149,26 @@ def test_filter_blocked_tenant_is_unresolvable_everywhere() -> None:
     assert messages == {"gpumeter: tenant team-b over gpu_hours quota"}
 
 
+def _device_pod(resource: str, namespace: str) -> dict[str, Any]:
+    return pod_json(namespace=namespace, containers=[
+        {"name": "main", "resources": {"limits": {resource: "1"}, "requests": {resource: "1"}}}])
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-1g.10gb.me",
+                                      "nvidia.com/gpu.shared"])
+def test_filter_refuses_a_blocked_tenant_its_mig_and_shared_gpu_pods_too(resource: str) -> None:
+    # The device plugin hands MIG devices out as nvidia.com/mig-<profile> (mixed strategy) and
+    # time-sliced replicas as nvidia.com/gpu.shared when it renames them: no nvidia.com/gpu is
+    # asked, yet the pod's hours count against its tenant's quota like any GPU pod's.
+    blocked = filtered({"Pod": _device_pod(resource, "team-b"), "NodeNames": ["h100-a", "mystery"]})
+    assert blocked["NodeNames"] == []
+    assert blocked["FailedAndUnresolvableNodes"] == dict.fromkeys(
+        ["h100-a", "mystery"], "gpumeter: tenant team-b over gpu_hours quota")
+    allowed = filtered({"Pod": _device_pod(resource, "team-a"), "NodeNames": ["h100-a", "mystery"]})
+    assert allowed["NodeNames"] == ["h100-a", "mystery"]
+    assert allowed["FailedNodes"] == {} and allowed["FailedAndUnresolvableNodes"] == {}
+
+
 def test_filter_error_result_has_every_field() -> None:
     assert filter_error("not ready") == {
         "Nodes": None, "NodeNames": None, "FailedNodes": None, "FailedAndUnresolvableNodes": None,
@@ -278,6 +298,30 @@ def test_preempt_nothing_left_is_an_empty_map() -> None:
 )
 def test_pod_gpus(pod: dict[str, Any], gpus: int) -> None:
     assert pod_request(pod).gpus == gpus
+
+
+@pytest.mark.parametrize(
+    ("resources", "gpus", "other"),
+    [
+        ({"nvidia.com/mig-1g.10gb": "1"}, 0, 1),
+        ({"nvidia.com/mig-3g.40gb": "2", "nvidia.com/mig-1g.10gb": "1"}, 0, 3),
+        ({"nvidia.com/gpu.shared": "1"}, 0, 1),
+        ({"nvidia.com/gpu": "2", "nvidia.com/mig-1g.10gb": "1"}, 2, 1),
+        ({"nvidia.com/mig-1g.10gb": "0"}, 0, 0),
+        ({"example.com/fpga": "1", "cpu": "2"}, 0, 0),
+    ],
+    ids=["mig", "two-profiles", "shared-rename", "both", "zero", "not-a-gpu"],
+)
+def test_pod_other_gpu_devices(resources: dict[str, str], gpus: int, other: int) -> None:
+    request = pod_request(pod_json(containers=[{"name": "m", "resources": {"limits": resources}}]))
+    assert (request.gpus, request.other_gpu_devices) == (gpus, other)
+
+
+def test_a_malformed_mig_quantity_is_a_wire_error_naming_it() -> None:
+    limits = {"nvidia.com/mig-1g.10gb": "lots"}
+    document = pod_json(containers=[{"name": "m", "resources": {"limits": limits}}])
+    with pytest.raises(WireError, match=r"nvidia.com/mig-1g.10gb.*not a resource quantity"):
+        pod_request(document)
 
 
 def test_pod_request_fields() -> None:

@@ -115,6 +115,24 @@ def test_predicate_gpu_sources(change: Any, code: int) -> None:
     assert handle_predicate(request, POLICY)["code"] == code
 
 
+MIG = "nvidia.com/mig-1g.10gb"
+
+
+@pytest.mark.parametrize(
+    ("namespace", "expected"),
+    [("team-b", {"status": "gpumeter: tenant team-b over spend quota", "code": 3}),
+     ("team-a", {"status": "", "code": 0})],
+    ids=["blocked-tenant", "ok-tenant"],
+)
+def test_predicate_of_a_mig_task(namespace: str, expected: dict[str, Any]) -> None:
+    # A MIG task asks its profile's resource, no nvidia.com/gpu: still a GPU task a blocked
+    # tenant is refused; an unblocked one passes a node with no whole GPU free (l40s-b: 1).
+    request = predicate("l40s-b", namespace)
+    for key in ("Resreq", "InitResreq"):
+        request["task"][key]["ScalarResources"] = {MIG: 1000}
+    assert handle_predicate(request, POLICY) == expected
+
+
 # -- prioritize ------------------------------------------------------------------------------
 
 
@@ -218,8 +236,13 @@ def job(namespace: str, min_gpus: str | None = None, tasks: dict[str, Any] | Non
         ({"job": job("team-b", tasks={"t1": task_json(uid="t1", namespace="team-b", milli_gpus=1000)})}, -1),
         ({"job": job("team-b")}, 0),  # a CPU-only job of a blocked tenant is not this hook's business
         ({"job": job("team-a", min_gpus="4")}, 0),
+        ({"job": job("team-b") | {"TotalRequest": {"MilliCPU": 0, "Memory": 0,
+                                                    "ScalarResources": {MIG: 2000}, "MaxTaskNum": 0}}}, -1),
+        ({"job": job("team-b") | {"PodGroup": job("team-b")["PodGroup"] | {
+            "Spec": {"MinMember": 1, "Queue": "gpumeter-team-b", "MinResources": {MIG: "1"}}}}}, -1),
     ],
-    ids=["blocked-min-resources", "blocked-task-gpus", "blocked-cpu-job", "ok-tenant"],
+    ids=["blocked-min-resources", "blocked-task-gpus", "blocked-cpu-job", "ok-tenant", "blocked-mig-total",
+         "blocked-mig-min-resources"],
 )
 def test_job_enqueueable(request_: dict[str, Any], status: int) -> None:
     assert handle_job_enqueueable(request_, POLICY) == {"status": status}
