@@ -96,7 +96,11 @@ def plan_preemption(event: QuotaEvent, policy: TenantPolicy | None, pods: Iterab
     """
     if event.level != "exceeded" or policy is None or policy.on_exceed != "preempt":
         return None
-    holding = [p for p in pods if p.holds_gpus and p.tenant == event.tenant]
+    # A period budget (gpu_hours, spend) counts every GPU device's hours, MIG and shared too: all
+    # such pods go. max_gpus counts whole GPUs (nvidia.com/gpu): only a pod holding some frees any.
+    devices = event.metric != "max_gpus"
+    holding = [p for p in pods if p.tenant == event.tenant
+               and (p.holds_gpu_devices if devices else p.holds_gpus)]
     model_limit: Decimal | None = None
     if event.gpu_model is not None:
         # A per-model budget: only pods on nodes of the models its key owns (longest match).
@@ -121,23 +125,25 @@ def plan_preemption(event: QuotaEvent, policy: TenantPolicy | None, pods: Iterab
         limit = policy.max_gpus
     with exact():
         held = sum((p.gpus for p in holding), _ZERO) - sum((p.gpus for p in resumed + leaving), _ZERO)
-    chosen = [by_uid[c.uid] for c in select_victims([p.candidate() for p in candidates], held, limit)]
+    chosen = [by_uid[c.uid] for c in select_victims([p.candidate(devices=devices) for p in candidates],
+                                                    held, limit)]
     deadline = now + timedelta(seconds=policy.grace_seconds)
     fresh = Notice(cause=event.event_id, reason=notice_reason(event, policy.grace_seconds), deadline=deadline,
                    metric=notice_metric(event))
     victims = [Victim(p, p.notice, True) for p in resumed if p.notice is not None]
     victims += [Victim(p, fresh, False) for p in chosen]
     return PreemptionPlan(event.event_id, event.tenant, event.metric, tuple(victims),
-                          passed_over(candidates, held, limit))
+                          passed_over(candidates, held, limit, devices=devices))
 
 
-def passed_over(candidates: Sequence[PodView], held: Decimal, limit: Decimal | None) -> tuple[PodView, ...]:
+def passed_over(candidates: Sequence[PodView], held: Decimal, limit: Decimal | None, *,
+                devices: bool = False) -> tuple[PodView, ...]:
     """Protected pods the eviction order reached before the tenant was back within its limit."""
-    protected = {p.uid: p for p in candidates if p.protected and p.gpus > 0}
+    protected = {p.uid: p for p in candidates if p.protected and p.candidate(devices=devices).gpus > 0}
     if not protected:
         return ()
     # The same order as select_victims, with protection lifted so protected pods keep their place.
-    order = eviction_order(replace(p.candidate(), protected=False) for p in candidates)
+    order = eviction_order(replace(p.candidate(devices=devices), protected=False) for p in candidates)
     skipped: list[PodView] = []
     remaining = held
     with exact():

@@ -60,7 +60,9 @@ def pod_record(cause: str, metric: str, pod: PodView, action: PreemptionAction, 
                at: datetime) -> PreemptionRecord:
     return PreemptionRecord(
         record_id=record_id(cause, pod.uid, action), tenant=pod.tenant, namespace=pod.namespace,
-        pod=pod.name, pod_uid=pod.uid, node=pod.node, gpus=pod.gpus, capacity_type=pod.capacity_type,
+        # GPU devices it held: whole GPUs, MIG slices and shared replicas alike.
+        pod=pod.name, pod_uid=pod.uid, node=pod.node, gpus=pod.gpus + pod.other_gpu_devices,
+        capacity_type=pod.capacity_type,
         priority=pod.priority, cause=cause, metric=metric, action=action, detail=detail, at=at,
     )
 

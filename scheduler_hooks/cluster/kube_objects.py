@@ -245,7 +245,10 @@ class PodView:
     tenant: str
     node: str = ""  # "" while unbound
     phase: str = "Pending"
-    gpus: Decimal = _ZERO
+    gpus: Decimal = _ZERO  # nvidia.com/gpu: whole GPUs taken on its node
+    # MIG devices and renamed time-sliced replicas it asks (kube.other_gpu_device_request): no
+    # whole GPU, but GPU hours the quota counts.
+    other_gpu_devices: Decimal = _ZERO
     priority: int = 0
     started_at: datetime | None = None
     created_at: datetime | None = None
@@ -271,17 +274,28 @@ class PodView:
         return bool(self.node) and self.phase not in TERMINAL_PHASES and self.gpus > 0
 
     @property
+    def holds_gpu_devices(self) -> bool:
+        """Bound, not finished, asking any GPU device (whole, MIG or shared): its hours count in
+        its tenant's gpu_hours and spend."""
+        return (bool(self.node) and self.phase not in TERMINAL_PHASES
+                and (self.gpus > 0 or self.other_gpu_devices > 0))
+
+    @property
     def evictable(self) -> bool:
-        """Holds GPUs and no deletion is under way (a second eviction would be accepted again)."""
-        return self.holds_gpus and not self.deleting
+        """Holds GPU devices and no deletion is under way (a second eviction would be accepted
+        again)."""
+        return self.holds_gpu_devices and not self.deleting
 
     @property
     def pending(self) -> bool:
         return not self.node and self.phase == "Pending" and not self.deleting
 
-    def candidate(self) -> Candidate:
+    def candidate(self, *, devices: bool = False) -> Candidate:
+        """As a victim candidate counting its whole GPUs (max_gpus), or with ``devices`` every
+        GPU device it asks (a period budget evicts MIG and shared pods too)."""
+        gpus = self.gpus + self.other_gpu_devices if devices else self.gpus
         return Candidate(
-            namespace=self.namespace, name=self.name, uid=self.uid, tenant=self.tenant, gpus=self.gpus,
+            namespace=self.namespace, name=self.name, uid=self.uid, tenant=self.tenant, gpus=gpus,
             capacity_type=self.capacity_type, priority=self.priority, started_at=self.started_at,
             protected=self.protected,
         )
@@ -341,6 +355,7 @@ def pod_view(pod: Mapping[str, Any], tenant: str, node_labels: Mapping[str, str]
         node=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
         gpus=kube.gpu_request(spec),
+        other_gpu_devices=kube.other_gpu_device_request(spec),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         started_at=parse_time(status.get("startTime")),
         created_at=parse_time(metadata.get("creationTimestamp")),

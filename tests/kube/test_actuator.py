@@ -108,8 +108,9 @@ class Cluster:
         annotations: dict[str, str] | None = None,
         priority_class: str | None = None,
         node_selector: dict[str, str] | None = None,
+        devices: dict[str, str] | None = None,
     ) -> None:
-        resources = {"cpu": "100m", "memory": "64Mi"}
+        resources = {"cpu": "100m", "memory": "64Mi", **(devices or {})}
         if gpus:
             resources["nvidia.com/gpu"] = str(gpus)
         spec: dict[str, Any] = {
@@ -556,6 +557,38 @@ def test_max_gpus_evicts_in_order_only_until_within_the_limit(
         ("low", "evicted"),
         (f"gpumeter-{team}", "queue_closed"),
     }
+
+
+def test_gpu_hours_preemption_evicts_mig_and_shared_pods_too(
+    settings: Settings,
+    cluster: Cluster,
+    gpu_nodes: CreateGpuNodes,
+    start_actuator: Callable[..., ActuatorThread],
+    tmp_path: Path,
+) -> None:
+    """The quota counts a MIG slice's and a time-sliced replica's hours (contract 4), so a
+    preempted tenant's pods asking them go too; before, only pods asking nvidia.com/gpu did and
+    the others ran on past the crossing (benchmarks/quota_overshoot.py, the demo)."""
+    tag = secrets.token_hex(3)
+    team = f"tm-{tag}"
+    tenants = tenants_file(cluster, tmp_path, {"tenant": team, "gpu_hours": "10", "on_exceed": "preempt",
+                                               "grace_seconds": 0})
+    [node] = gpu_nodes(1, gpus_per_node=8)
+    ns = cluster.namespace(team)
+    cluster.pod(ns, "whole", node=node, gpus=1)
+    cluster.pod(ns, "mig", node=node, gpus=0, devices={"nvidia.com/mig-1g.10gb": "1"})
+    cluster.pod(ns, "shared", node=node, gpus=0, devices={"nvidia.com/gpu.shared": "1"})
+    cluster.pod(ns, "cpu", node=node, gpus=0)
+    for name in ("whole", "mig", "shared", "cpu"):
+        eventually(functools.partial(cluster.running, ns, name), f"{name} Running")
+    start_actuator(tenants)
+    publish(settings, quota_event(team, "gpu_hours", "exceeded", limit="10", used="10.5"))
+    for name in ("whole", "mig", "shared"):
+        eventually(functools.partial(cluster.gone, ns, name), f"{name} evicted")
+    eventually(lambda: handled_everything(settings), "event committed")
+    assert cluster.alive(ns, "cpu")  # no GPU device, nothing to do with the GPU-hours budget
+    evicted = {pod for pod, action in decisions(settings) if action == "evicted"}
+    assert evicted == {"whole", "mig", "shared"}
 
 
 def test_dry_run_records_every_decision_and_changes_nothing(

@@ -1130,3 +1130,49 @@ def test_crossing_events_read_as_sentences(level: str, threshold: str, model: st
     crossing = event("gpu_hours", level=level, used="80").model_copy(
         update={"threshold": Decimal(threshold), "gpu_model": model})
     assert crossing_event(crossing) == expected
+
+
+def device_pod(name: str, resource: str, count: str = "1", *,
+               namespace_labels: dict[str, str] | None = None, **kwargs: Any) -> PodView:
+    """A pod asking GPU devices by another name than nvidia.com/gpu (a MIG slice, a renamed
+    time-sliced replica), as the device plugin's mixed strategy and renaming advertise them."""
+    raw = pod_json(name, 0, **kwargs)
+    raw["spec"]["containers"][0]["resources"] = {"requests": {resource: count}, "limits": {resource: count}}
+    return pod_view(raw, TENANT, None, namespace_labels)
+
+
+def test_a_pod_view_counts_mig_and_shared_devices_apart_from_whole_gpus() -> None:
+    mig = device_pod("mig", "nvidia.com/mig-1g.10gb", "2")
+    assert (mig.gpus, mig.other_gpu_devices) == (Decimal(0), Decimal(2))
+    assert mig.holds_gpu_devices and not mig.holds_gpus  # no whole GPU taken on its node
+    whole = pod("whole", 2)
+    assert (whole.gpus, whole.other_gpu_devices) == (Decimal(2), Decimal(0))
+    assert whole.holds_gpu_devices
+
+
+@pytest.mark.parametrize("metric", ["gpu_hours", "spend"])
+def test_period_budgets_evict_mig_and_shared_pods_too(metric: str) -> None:
+    """The quota counts a MIG slice's and a shared replica's hours (contract 4), so a preempted
+    tenant's such pods go as well, in the same order; a protected one is passed over."""
+    pods = [
+        pod("whole", 1, priority=5),
+        device_pod("mig", "nvidia.com/mig-3g.40gb", priority=1),
+        device_pod("shared", "nvidia.com/gpu.shared", priority=3),
+        device_pod("mig-guarded", "nvidia.com/mig-1g.10gb", annotations=PROTECT,
+                   namespace_labels=PROTECTION_ALLOWED),
+        pod("cpu-only", 0),
+    ]
+    plan = plan_preemption(event(metric), policy(), pods, NOW)
+    assert plan is not None
+    assert names(v.pod for v in plan.victims) == ["mig", "shared", "whole"]  # lowest priority first
+    assert names(plan.protected) == ["mig-guarded"]
+
+
+def test_max_gpus_never_evicts_a_pod_that_frees_no_whole_gpu() -> None:
+    # max_gpus counts nvidia.com/gpu (contract 6): held 2 + 2 = 4 > 3; the MIG pod, lowest in
+    # priority, would free none of it, so the 2-GPU pod of lower priority goes.
+    pods = [pod("a", 2, priority=5), pod("b", 2, priority=3),
+            device_pod("mig", "nvidia.com/mig-1g.10gb", priority=0)]
+    plan = plan_preemption(event("max_gpus", limit="3"), policy(max_gpus="3"), pods, NOW)
+    assert plan is not None
+    assert names(v.pod for v in plan.victims) == ["b"]
