@@ -162,14 +162,17 @@ def pod_advice(windows: Sequence[GpuWindow], at: datetime, rule: IdleRule) -> Id
         weighted = sum((_seconds(w) * (w.utilization or Decimal(0)) for w in run), Decimal(0))
         mean = (weighted / seconds) if seconds else Decimal(0)
         price = latest.unit_price * latest.capacity_multiplier
-        per_day = latest.quantity * price * 24
+        # One sample per (pod, device) and window: the pod's GPUs are its latest window's sum.
+        last = (latest.window_start, latest.window_end)
+        gpus = sum((w.quantity for w in seen if (w.window_start, w.window_end) == last), Decimal(0))
+        per_day = gpus * price * 24
         wasted = sum((w.list_cost for w in run), Decimal(0))
         hours = Decimal(str((latest.window_end - run[0].window_start).total_seconds())) / 3600
     return IdleAdvice(
         advice_id=advice_id(latest.cluster, latest.pod_uid),
         tenant=latest.tenant, cluster=latest.cluster, node=latest.node, namespace=latest.namespace,
         pod=latest.pod, pod_uid=latest.pod_uid, gpu_model=latest.gpu_model, mig_profile=latest.mig_profile,
-        capacity_type=latest.capacity_type, gpus=latest.quantity,
+        capacity_type=latest.capacity_type, gpus=gpus,
         idle_since=run[0].window_start, last_seen=latest.window_end,
         idle_hours=hours.quantize(SIX, rounding=ROUND_HALF_UP),
         mean_utilization=mean.quantize(SIX, rounding=ROUND_HALF_UP),

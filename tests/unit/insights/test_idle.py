@@ -122,3 +122,16 @@ def test_advice_ids_are_one_per_pod_and_stable_across_evaluations() -> None:
 def test_rule_refuses_meaningless_settings(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         IdleRule(**bad)  # type: ignore[arg-type]
+
+
+def test_a_pod_reported_one_sample_per_gpu_counts_all_its_gpus() -> None:
+    """The agent sends one gpu sample per (pod, device) and window (collectors/agent/samples.py):
+    a 2-GPU pod is two windows of quantity 1 each. Its advice names 2 GPUs, and the cost per day
+    and the waste agree with each other."""
+    windows = [*pod("pair", ["0.01"] * 7, gpus="1"), *pod("pair", ["0.02"] * 7, gpus="1")]
+    [advice] = find_idle(windows, AT)
+    assert advice.gpus == Decimal(2)
+    assert advice.cost_per_day == Decimal("120")  # 2 GPUs x 2.50 x 24
+    assert advice.wasted_so_far == 14 * Decimal("0.416666666666666667")  # 14 windows x 1 x 2.50 / 6
+    assert advice.idle_hours == Decimal("1.166667")  # 70 minutes, not twice that
+    assert advice.mean_utilization == Decimal("0.015")  # both GPUs' windows alike
