@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from dashboards.svg import empty_svg
 from gpumeter.core.grants import GRANT_METRICS, Grant, GrantMetric
 from gpumeter.core.money import exact
 from gpumeter.core.tenants import TenantPolicy, TenantsFile
@@ -130,7 +131,7 @@ def budget_svg(lines: Sequence[BudgetLine], metric: GrantMetric, width: int = 90
     chosen = [line for line in lines if line.metric == metric]
     unit = "GPU-hours" if metric == "gpu_hours" else "list spend (USD)"
     if not chosen:
-        return _empty(f"no {unit} budgets", width)
+        return empty_svg(f"no {unit} budgets", width)
     row, left, right = 30, 200, 170
     height = 34 + row * len(chosen)
     peak = max(max(line.limit, line.used) for line in chosen) or Decimal(1)
@@ -163,12 +164,6 @@ def budget_svg(lines: Sequence[BudgetLine], metric: GrantMetric, width: int = 90
                      f'{show(line.used)} / {show(line.limit)} · {html.escape(line.runway.text())}</text>')
     parts.append("</svg>")
     return "\n".join(parts)
-
-
-def _empty(message: str, width: int) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="40" role="img" '
-            f'aria-label="{html.escape(message)}"><text x="10" y="24" font-size="13" fill="#555">'
-            f'{html.escape(message)}</text></svg>')
 
 
 def stored_exhaustions(client: Any, tenant: str) -> dict[GrantMetric, ExhaustionForecast]:

@@ -29,6 +29,7 @@ from dashboards.enforcement_report import (
     enforcement_html,
     enforcement_rows,
 )
+from dashboards.svg import empty_svg
 from gpumeter.core.money import format_money
 from insights.forecast import Forecast
 from insights.idle import IdleAdvice, per_tenant
@@ -186,7 +187,7 @@ def forecast_svg(forecasts: Sequence[Forecast], width: int = 900) -> str:
     """Spend per tenant: month to date (dark), forecast rest of month (light), interval whisker."""
     spend = sorted((f for f in forecasts if f.metric == "spend"), key=lambda f: f.tenant)
     if not spend:
-        return _empty_svg("no spend forecasts", width)
+        return empty_svg("no spend forecasts", width)
     row, left, right = 26, 110, 90
     height = 30 + row * len(spend)
     peak = max((max(f.month_end_high, f.month_end) for f in spend), default=Decimal(1)) or Decimal(1)
@@ -225,7 +226,7 @@ def idle_svg(idle: Sequence[IdleAdvice], width: int = 900) -> str:
     """Idle GPU cost per day per tenant (list price)."""
     totals = per_tenant(idle)
     if not totals:
-        return _empty_svg("no idle GPUs found", width)
+        return empty_svg("no idle GPUs found", width)
     row, left, right = 26, 110, 120
     height = 30 + row * len(totals)
     peak = max(t.cost_per_day for t in totals) or Decimal(1)
@@ -246,12 +247,6 @@ def idle_svg(idle: Sequence[IdleAdvice], width: int = 900) -> str:
                      f'{format_money(total.cost_per_day)} {html.escape(total.currency)}/day</text>')
     parts.append("</svg>")
     return "\n".join(parts)
-
-
-def _empty_svg(message: str, width: int) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="40" role="img" '
-            f'aria-label="{html.escape(message)}"><text x="10" y="24" font-size="13" fill="#555">'
-            f'{html.escape(message)}</text></svg>')
 
 
 def enforcement_table(series: Sequence[QuotaSeries]) -> ReportTable:
