@@ -314,13 +314,19 @@ def test_a_pod_that_may_run_on_h100_or_a100_lands_on_a100_when_the_h100_budget_i
     pool.create_pod("trainer", gpus=2)
     assert eventually(lambda: pool.bound_node("trainer"), "trainer bound") == a100
 
+    message = h100_only_pod_refused(pool)
+    assert f"gpumeter: tenant {tenant} over gpu_hours quota: for H100- GPUs" in message
+    assert pool.bound_node("h100-only") is None
+
+
+def h100_only_pod_refused(pool: Pool) -> str:
+    """A 2-GPU pod that may run on H100 nodes only: the scheduler's FailedScheduling message."""
     only_h100 = pod_manifest("h100-only", gpus=2, pool=pool.namespace)
     assert only_h100.spec is not None
     only_h100.spec.node_selector = {POOL_LABEL: pool.namespace, GPU_PRODUCT_LABEL: "H100-SXM-80GB"}
     pool.core.create_namespaced_pod(pool.namespace, only_h100)
-    message = eventually(lambda: pool.scheduling_failure("h100-only"), "FailedScheduling event")
-    assert f"gpumeter: tenant {tenant} over gpu_hours quota: for H100- GPUs" in message
-    assert pool.bound_node("h100-only") is None
+    message: str = eventually(lambda: pool.scheduling_failure("h100-only"), "FailedScheduling event")
+    return message
 
 
 def test_a_pod_that_would_take_its_h100_key_above_max_gpus_lands_on_a100(
@@ -349,11 +355,7 @@ def test_a_pod_that_would_take_its_h100_key_above_max_gpus_lands_on_a100(
     pool.create_pod("trainer", gpus=2)
     assert eventually(lambda: pool.bound_node("trainer"), "trainer bound") == a100
 
-    only_h100 = pod_manifest("h100-only", gpus=2, pool=pool.namespace)
-    assert only_h100.spec is not None
-    only_h100.spec.node_selector = {POOL_LABEL: pool.namespace, GPU_PRODUCT_LABEL: "H100-SXM-80GB"}
-    pool.core.create_namespaced_pod(pool.namespace, only_h100)
-    message = eventually(lambda: pool.scheduling_failure("h100-only"), "FailedScheduling event")
+    message = h100_only_pod_refused(pool)
     assert f"gpumeter: tenant {tenant} over max_gpus quota: for H100- GPUs" in message
     assert "holds 2 GPUs, pod needs 2, limit 3" in message
     assert pool.bound_node("h100-only") is None
