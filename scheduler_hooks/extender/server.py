@@ -73,15 +73,19 @@ MAX_BODY_LABEL = "16 MiB"
 class Verb:
     """One route: ``parse`` turns the decoded document into checked arguments and reads no state
     (it may run on a worker thread); ``decide`` answers from the policy, on the loop that owns
-    every state mutation. ``decide`` answers a JSON value, or bytes it has encoded itself."""
+    every state mutation. ``decide`` answers a JSON value, or bytes it has encoded itself.
+    ``read``, where set, is tried on the raw body first (where ``parse`` runs): arguments
+    for ``decide`` read without decoding the whole body, or None to decode and ``parse``."""
 
     parse: Callable[[Any], Any]
     decide: Callable[[Any, Policy], Any]
+    read: Callable[[bytes], Any] | None = None
 
 
 KUBE_VERBS: dict[str, Verb] = {
-    "filter": Verb(wire_kube.parse_extender_args, wire_kube.decide_filter),
-    "prioritize": Verb(wire_kube.parse_extender_args, wire_kube.decide_prioritize_encoded),
+    "filter": Verb(wire_kube.parse_extender_args, wire_kube.decide_filter, wire_kube.read_extender_args),
+    "prioritize": Verb(wire_kube.parse_extender_args, wire_kube.decide_prioritize_encoded,
+                       wire_kube.read_extender_args),
     "preempt": Verb(wire_kube.parse_preemption_args, wire_kube.decide_preempt),
 }
 VOLCANO_VERBS: dict[str, Verb] = {
@@ -249,6 +253,10 @@ def build_app(state: HooksState, metrics: HooksMetrics | None = None) -> web.App
 def _verb_handler(state: HooksState, policy: Policy, verb: Verb,
                   workers: ThreadPoolExecutor) -> Callable[[web.Request], Awaitable[web.Response]]:
     def parse(body: bytes) -> Any:
+        if verb.read is not None:
+            args = verb.read(body)
+            if args is not None:
+                return args
         return verb.parse(decode(body))
 
     async def handle(request: web.Request) -> web.Response:
