@@ -104,8 +104,9 @@ VOLCANO_VERBS: dict[str, Verb] = {
 # only (C-level passes over the request's names, or one short step per victim).
 INLINE_BODY_BYTES = 128 * 1024
 # A NodeNames body up to this size is read natively on the loop (wire_kube.read_extender_args:
-# about a millisecond a MiB, the names never decoded into Python), and so is its answer
-# written (decide): 70,000 names. A larger one is read on a worker thread.
+# about a millisecond a MiB, the names never decoded into Python; a Pod over 64 KiB is left to
+# the decoder), and so is its answer written (decide): 70,000 names. A larger body is read on
+# a worker thread.
 INLINE_READ_BYTES = 1024 * 1024
 # Worker threads for large bodies: two at a time at most (the GIL makes more no faster); more
 # large requests wait their turn in the executor's queue while the loop goes on serving.

@@ -137,17 +137,26 @@ class NamesArgs:
         return ExtenderArgs(self.pod, names, names, None)
 
 
+# A Pod is a few KB; one larger than this is left to the Python path with the whole body, which
+# the server decodes on a worker thread when the body is large (a Pod of thousands of
+# containers costs seconds of checking, which must not run on the loop).
+MAX_READ_POD_BYTES = 64 * 1024
+
+
 def read_extender_args(body: bytes) -> NamesArgs | None:
     """The request of ``body`` when it is plainly a NodeNames one (an object of ``Pod``,
     ``NodeNames`` strings and ``Nodes`` null, each key once, exactly so spelled) and its Pod
-    decodes; else None, and the caller decodes ``body`` (``parse_extender_args``), which
-    decides and words any refusal. None without the native extension."""
+    (at most MAX_READ_POD_BYTES) decodes; else None, and the caller decodes ``body``
+    (``parse_extender_args``), which decides and words any refusal. None without the native
+    extension."""
     if read_node_names is None:
         return None
     read = read_node_names(body)
     if read is None:
         return None
     raw_pod, names = read
+    if len(raw_pod) > MAX_READ_POD_BYTES:
+        return None
     try:
         pod = pod_request(orjson.loads(raw_pod))
     except (orjson.JSONDecodeError, WireError):

@@ -119,6 +119,16 @@ def test_an_unusual_body_is_left_to_the_python_path(template: bytes) -> None:
     assert read_extender_args(raw) is None
 
 
+def test_a_large_pod_is_left_to_the_python_path() -> None:
+    """Checking a Pod of thousands of containers takes long: the server does it on a worker
+    thread, so the native reader (on the loop) leaves such a Pod alone."""
+    containers = [{"name": f"c-{i}", "image": "x"} for i in range(3_000)]
+    large = orjson.dumps({"Pod": pod_json(gpus=2, containers=containers), "NodeNames": ["h100-a"]})
+    assert len(large) > wire_kube.MAX_READ_POD_BYTES
+    assert read_extender_args(large) is None
+    assert read_extender_args(body(["h100-a"])) is not None
+
+
 def test_the_server_reads_natively_what_it_can_and_decodes_the_rest() -> None:
     """The verbs' ``read`` is the native reader; a body it leaves is decoded and parsed."""
     for verb in ("filter", "prioritize"):
