@@ -74,8 +74,7 @@ class Usage:
     list_cost: Decimal  # streaming list cost, contract 3.3
     capacity_type: CapacityType = "on-demand"
     priority: int = 0
-    # The sample's GPU model, for per-model limits. ``trusted`` (the native fast path) leaves
-    # it unset: the quota processor reads records with per-model limits in force the slow way.
+    # The sample's GPU model, for per-model limits (None: not a GPU sample, or no model known).
     gpu_model: str | None = None
 
     def __post_init__(self) -> None:
@@ -92,7 +91,7 @@ class Usage:
     def trusted(
         cls, event_id: str, tenant: str, kind: Kind, namespace: str, pod: str, pod_uid: str,
         window_start: datetime, window_end: datetime, quantity: Decimal, unit_seconds: Decimal,
-        list_cost: Decimal, capacity_type: CapacityType, priority: int,
+        list_cost: Decimal, capacity_type: CapacityType, priority: int, gpu_model: str | None,
     ) -> Usage:
         """A Usage of values the caller has already checked as ``__post_init__`` would (aware
         windows, end after start, Decimal amounts), without checking them again: a frozen
@@ -104,7 +103,7 @@ class Usage:
             "event_id": event_id, "tenant": tenant, "kind": kind, "namespace": namespace, "pod": pod,
             "pod_uid": pod_uid, "window_start": window_start, "window_end": window_end,
             "quantity": quantity, "unit_seconds": unit_seconds, "list_cost": list_cost,
-            "capacity_type": capacity_type, "priority": priority, "gpu_model": None,
+            "capacity_type": capacity_type, "priority": priority, "gpu_model": gpu_model,
         })
         return usage
 

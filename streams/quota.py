@@ -229,9 +229,9 @@ class QuotaProcessor:
 
     def process_record(self, record: bytes) -> list[QuotaEvent]:
         """One rated record: its usages grouped by the samples record they came from."""
-        # The rating agent's own records, read fast; else RatedLine. The fast reader carries no
-        # gpu_model, so while any tenant has per-model limits every record is read with RatedLine.
-        located = None if self._by_model else read_usages(record)
+        # The rating agent's own records, read fast (gpu_model too, for per-model limits); else
+        # RatedLine.
+        located = read_usages(record)
         if located is None:
             located = [(line.source_partition, line.source_offset, line.usage())
                        for line in decode_rated(record)]
@@ -284,7 +284,6 @@ class QuotaProcessor:
 
     def _set_policies(self, policies: TenantsFile) -> None:
         self._policies = {policy.tenant: policy for policy in policies.tenants}
-        self._by_model = any(p.gpu_hours_by_model or p.max_gpus_by_model for p in policies.tenants)
 
     def _process_tenant(
         self, tenant: str, usages: list[Usage], source_partition: int, source_offset: int

@@ -2,10 +2,11 @@
 
 ``RatedLine.model_validate_json`` (streams/quota.py) is the definition of what a rated line
 says; it costs ~6 µs a line, the quota agent's largest cost. ``read_usages`` reads the same
-lines natively (native/src/rated_reader.rs ``RatedReader``) and takes only what is unmistakable: every
-field it uses present with exactly the JSON type the rating agent writes (text for strings,
-decimals and times, integers for integers), decimals as finite non-negative decimal strings
-(``Decimal(text)``, which is how pydantic reads a decimal string), tenants by their pattern,
+lines natively (native/src/rated_reader.rs ``RatedReader``) and takes only what is unmistakable:
+every field it uses present with exactly the JSON type the rating agent writes (text for
+strings, decimals, times and the GPU model, which may also be null or absent; integers for
+integers), decimals as finite non-negative decimal strings (``Decimal(text)``, which is how
+pydantic reads a decimal string), tenants by their pattern,
 timestamps by pydantic's own validator for that field (``_moment``, cached: a record repeats
 a few windows).
 Anything else, valid or not, returns None, and the caller reads the record with RatedLine,

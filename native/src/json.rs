@@ -114,6 +114,8 @@ pub struct RatedLine<'a> {
     #[serde(default, deserialize_with = "present")]
     pub priority: Option<&'a RawValue>,
     #[serde(default, deserialize_with = "present")]
+    pub gpu_model: Option<&'a RawValue>,
+    #[serde(default, deserialize_with = "present")]
     pub source_partition: Option<&'a RawValue>,
     #[serde(default, deserialize_with = "present")]
     pub source_offset: Option<&'a RawValue>,
@@ -260,6 +262,10 @@ mod tests {
         assert_eq!((read.event_id, read.list_cost), ("e", "0.1"));
         assert_eq!(integer_or(read.source_offset, -1), Some(7));
         assert_eq!(integer_or(read.source_partition, -1), Some(-1));
+        assert!(read.gpu_model.is_none());
+        let model = line.replace(r#""kind":"gpu","#, r#""kind":"gpu","gpu_model":"H100-SXM-80GB","#);
+        let read = rated_line(model.as_bytes()).expect("rated line with a model");
+        assert_eq!(token(read.gpu_model), Some(r#""H100-SXM-80GB""#));
         let cases: [(&str, String); 3] = [
             ("missing field", line.replace(r#""list_cost":"0.1","#, "")),
             (

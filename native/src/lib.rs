@@ -1,9 +1,11 @@
 //! gpumeter's native paths (the `gpumeter_native` extension): the rating agent's per-sample
 //! path (rate.rs, used by streams/native_rating.py) and the quota agent's reader of rated
-//! records (rated_reader.rs, used by streams/quota_decode.py). The Python paths are the
+//! records (rated_reader.rs, used by streams/quota_decode.py); the kube extender's NodeNames
+//! answers (extender.rs, used by scheduler_hooks/extender/wire_kube.py). The Python paths are the
 //! definition: these accept a subset of what they accept, and never other values.
 
 mod cache;
+mod extender;
 mod json;
 mod rate;
 mod rated_reader;
@@ -16,6 +18,10 @@ use pyo3::prelude::*;
 fn gpumeter_native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<rate::NativeRater>()?;
     module.add_class::<rated_reader::RatedReader>()?;
+    module.add_class::<extender::NodeNames>()?;
+    module.add_class::<extender::FitPieces>()?;
+    module.add_function(wrap_pyfunction!(extender::read_node_names, module)?)?;
+    module.add_function(wrap_pyfunction!(extender::py_priorities, module)?)?;
     // The contract-1 limits the checks implement (validate.rs): held equal to Python's by
     // tests/unit/streams/test_native_limits.py.
     module.add("MAX_SAMPLE_BYTES", validate::MAX_SAMPLE_BYTES)?;

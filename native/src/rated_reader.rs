@@ -50,6 +50,15 @@ impl RatedReader {
                 None => return Ok(None),
             },
         };
+        // RatedLine's `str | None`: JSON null or absent is None, a string is the model.
+        let gpu_model = if json::is_null(rated.gpu_model) {
+            None
+        } else {
+            match json::token(rated.gpu_model).and_then(json::plain_string) {
+                Some(text) => Some(text),
+                None => return Ok(None),
+            }
+        };
         let (Some(priority), Some(partition), Some(offset)) = (
             json::integer_or(rated.priority, 0),
             json::integer_or(rated.source_partition, -1),
@@ -93,6 +102,10 @@ impl RatedReader {
                 list_cost,
                 self.strings.get(py, capacity_type),
                 priority.into_pyobject(py)?.into_any(),
+                match gpu_model {
+                    Some(model) => self.strings.get(py, model),
+                    None => py.None().into_bound(py),
+                },
             ],
         )?;
         let usage = self.usage.bind(py).call1(arguments)?;

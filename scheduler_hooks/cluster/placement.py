@@ -49,6 +49,11 @@ from gpumeter.core.kube import schedulable_units
 from gpumeter.core.models import NodeAllocation, NodeTopology
 from scheduler_hooks.cluster.json_pieces import KnownHosts, failed_piece, host_piece
 
+try:
+    from gpumeter_native import FitPieces
+except ImportError:  # not built (`make install` builds it): the extender answers in Python
+    FitPieces = None  # type: ignore[assignment,misc]
+
 MAX_SCORE = 10
 NEUTRAL_SCORE = 5
 # Up to this many k-subsets of the free GPUs the search is exhaustive; beyond (only boards with
@@ -464,11 +469,13 @@ class FitTable:
     unknown to the index: it passes and scores ``NEUTRAL_SCORE``. ``hosts`` is the same
     answer as the kube wire's JSON pieces (``json_pieces``): every node's
     ``{"Host":..,"Score":..}`` (an unknown name answers the neutral piece); ``failed``: for
-    the nodes of ``short``, their FailedNodes member ``"<node>":"<reason>"``. ``PlacementIndex``
+    the nodes of ``short``, their FailedNodes member ``"<node>":"<reason>"``. ``native``: the
+    same host and FailedNodes pieces in the native extension (``FitPieces``, None without it),
+    which answers NodeNames requests from their raw bodies (wire_kube). ``PlacementIndex``
     keeps them all current; readers must not mutate them.
     """
 
-    __slots__ = ("_reasons", "failed", "hosts", "k", "scores", "short")
+    __slots__ = ("_reasons", "failed", "hosts", "k", "native", "scores", "short")
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -477,6 +484,7 @@ class FitTable:
         self.hosts = KnownHosts(NEUTRAL_SCORE)
         self.failed: dict[str, bytes] = {}
         self._reasons: dict[tuple[int, int], str] = {}  # (free, mig) -> the one reason object
+        self.native = None if FitPieces is None else FitPieces(NEUTRAL_SCORE)
 
     def set(self, node: str, entry: NodeEntry) -> None:
         value = entry.score(self.k)
@@ -495,10 +503,15 @@ class FitTable:
         if self.scores.get(node) != value or node not in self.hosts:
             self.hosts[node] = host_piece(node, value)
         self.scores[node] = value
+        if self.native is not None:
+            # The node's pieces as they now stand, whichever of them changed above.
+            self.native.set(node, self.hosts[node], self.failed.get(node))
 
     def forget(self, node: str) -> None:
         for answers in (self.scores, self.short, self.hosts, self.failed):
             answers.pop(node, None)
+        if self.native is not None:
+            self.native.forget(node)
 
 
 class PlacementIndex:

@@ -16,6 +16,12 @@ Each verb is a ``parse_*`` (the document to checked arguments: pure, reads no st
 server may run it off the event loop for a large body) and a ``decide_*`` (the policy's answer:
 reads the state, on the loop); ``handle_*`` is the two in one.
 
+The NodeNames request kube-scheduler sends with ``nodeCacheCapable: true`` is also read from
+its raw body (``read_extender_args``, the native extension): the names stay undecoded, the
+fit table's native mirror answers filter and prioritize in one pass each, and only the Pod is
+decoded in Python. Anything that is not plainly that request, or a pod no fit table alone
+answers, takes the path above; the answers are the same bytes.
+
 Both ``nodeCacheCapable`` modes: with ``NodeNames`` the answer carries ``NodeNames`` (``Nodes``
 null); with the full ``Nodes`` list it carries ``Nodes`` with the passing items (``NodeNames``
 null). Malformed shapes raise ``WireError``; the HTTP layer answers 400 with its reason.
@@ -44,6 +50,11 @@ from scheduler_hooks.cluster.kube_json import (
 )
 from scheduler_hooks.cluster.placement import FitTable
 from scheduler_hooks.extender.policy import FilterResult, PodRequest, Policy
+
+try:
+    from gpumeter_native import NodeNames, priorities, read_node_names
+except ImportError:  # not built (`make install` builds it): every body is decoded in Python
+    read_node_names = None  # type: ignore[assignment]
 
 # -- v1.Pod -> PodRequest --------------------------------------------------------------------
 
@@ -115,6 +126,47 @@ def parse_extender_args(document: Any) -> ExtenderArgs:
     return ExtenderArgs(pod, names, sent_names, sent_nodes, items)
 
 
+@dataclass(frozen=True)
+class NamesArgs:
+    """A NodeNames request read from its raw body (``read_extender_args``): the pod decoded,
+    the names not (``names.decode()`` gives them as ``parse_extender_args`` would)."""
+
+    pod: PodRequest
+    names: NodeNames
+
+    def expanded(self) -> ExtenderArgs:
+        """The ExtenderArgs ``parse_extender_args`` gives for the same body."""
+        names = self.names.decode()
+        return ExtenderArgs(self.pod, names, names, None)
+
+
+# A Pod is a few KB; one larger than this is left to the Python path with the whole body, which
+# the server decodes on a worker thread when the body is large (a Pod of thousands of
+# containers costs seconds of checking, which must not run on the loop).
+MAX_READ_POD_BYTES = 64 * 1024
+
+
+def read_extender_args(body: bytes) -> NamesArgs | None:
+    """The request of ``body`` when it is plainly a NodeNames one (an object of ``Pod``,
+    ``NodeNames`` strings and ``Nodes`` null, each key once, exactly so spelled) and its Pod
+    (at most MAX_READ_POD_BYTES) decodes; else None, and the caller decodes ``body``
+    (``parse_extender_args``), which decides and words any refusal. None without the native
+    extension."""
+    if read_node_names is None:
+        return None
+    read = read_node_names(body)
+    if read is None:
+        return None
+    raw_pod, names = read
+    if len(raw_pod) > MAX_READ_POD_BYTES:
+        return None
+    try:
+        pod = pod_request(orjson.loads(raw_pod))
+    except (orjson.JSONDecodeError, WireError):
+        return None
+    return NamesArgs(pod, names)
+
+
 def filter_result(args: ExtenderArgs, result: FilterResult) -> dict[str, Any]:
     """ExtenderFilterResult in the mode(s) the request used; ``Error`` empty.
 
@@ -175,8 +227,12 @@ def handle_filter(document: Any, policy: Policy) -> bytes:
     return decide_filter(parse_extender_args(document), policy)
 
 
-def decide_filter(args: ExtenderArgs, policy: Policy) -> bytes:
+def decide_filter(args: ExtenderArgs | NamesArgs, policy: Policy) -> bytes:
     """The encoded ExtenderFilterResult of parsed ``args`` (on the event loop: reads the state).
+
+    A request read from its raw body is answered by the fit table's native mirror where the
+    table alone answers it (``filter_table``), in one pass over the undecoded names; otherwise
+    its names are decoded and it goes the way below.
 
     The hot path (``NodeNames`` alone, a GPU pod its tenant's quota lets through) joins the
     fit table's pieces instead: ``NodeNames`` is one C-level pass over the names, and
@@ -185,6 +241,11 @@ def decide_filter(args: ExtenderArgs, policy: Policy) -> bytes:
     the same too, except that a known node's name orjson refuses (a lone surrogate) is written
     escaped inside an otherwise orjson-written answer, as the prioritize pieces are.
     """
+    if isinstance(args, NamesArgs):
+        fits = policy.filter_table(args.pod)
+        if fits is not None and fits.native is not None:
+            return fits.native.filter(args.names)
+        args = args.expanded()
     table = policy.filter_table(args.pod) if args.sent_nodes is None and args.sent_names is not None else None
     if table is not None:
         encoded = encode_filter_names(args.node_names, table)
@@ -224,10 +285,17 @@ def handle_prioritize_encoded(document: Any, policy: Policy) -> bytes:
     return decide_prioritize_encoded(parse_extender_args(document), policy)
 
 
-def decide_prioritize_encoded(args: ExtenderArgs, policy: Policy) -> bytes:
+def decide_prioritize_encoded(args: ExtenderArgs | NamesArgs, policy: Policy) -> bytes:
     """``handle_prioritize`` already JSON-encoded: the server's path, the same bytes joined from
-    the fit table's host pieces (one C-level lookup per name, no dict per node)."""
+    the fit table's host pieces (one C-level lookup per name, no dict per node); for a request
+    read from its raw body, joined natively from the table's mirror."""
     table = policy.fit_table(args.pod)
+    if isinstance(args, NamesArgs):
+        if table is None:
+            return priorities(args.names, 0)
+        if table.native is not None:
+            return table.native.prioritize(args.names)
+        args = args.expanded()
     names = list(dict.fromkeys(args.node_names))
     if table is None:  # no GPUs asked, or refused: 0 everywhere
         return encode_host_priorities(names, [0] * len(names))

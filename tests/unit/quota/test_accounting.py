@@ -631,13 +631,12 @@ def test_trusted_usage_is_the_checked_usage() -> None:
     made with dataclasses.replace goes through the checks again."""
     args: tuple[Any, ...] = (
         "ev-1", TENANT, "gpu", "ml", "train-0", "u-1", ts("2026-11-10T00:00:00Z"), ts("2026-11-10T00:01:00Z"),
-        Decimal("2.50"), Decimal("150.00"), Decimal("0.104166666666666667"), "spot", 7,
+        Decimal("2.50"), Decimal("150.00"), Decimal("0.104166666666666667"), "spot", 7, "H100-SXM-80GB",
     )
     checked, trusted = Usage(*args), Usage.trusted(*args)
     assert type(trusted) is Usage
     assert trusted == checked and repr(trusted) == repr(checked) and hash(trusted) == hash(checked)
-    # The native fast path gives no gpu_model (per-model limits read records the slow way).
-    assert dataclasses.astuple(trusted) == (*args, None)
+    assert dataclasses.astuple(trusted) == args
     assert list(vars(trusted)) == [field.name for field in dataclasses.fields(Usage)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         trusted.quantity = Decimal(1)  # type: ignore[misc]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -38,10 +37,7 @@ def read() -> Reader:
 
 
 def reference(record: bytes) -> list[Located]:
-    # The fast path carries no gpu_model: while a tenant has per-model limits the quota processor
-    # reads every record with RatedLine (test_quota_processor), so it is compared without it.
-    return [(line.source_partition, line.source_offset, replace(line.usage(), gpu_model=None))
-            for line in decode_rated(record)]
+    return [(line.source_partition, line.source_offset, line.usage()) for line in decode_rated(record)]
 
 
 def texts(located: list[Located]) -> list[str]:
@@ -71,6 +67,18 @@ def test_the_rating_agents_records_are_read_fast_and_alike(read: Reader) -> None
         assert texts(fast) == texts(expected)
         lines += len(fast)
     assert lines > 300  # most of the 400 samples rated (October and November cards)
+
+
+def test_the_fast_path_carries_each_lines_gpu_model(read: Reader) -> None:
+    """Per-model limits count by the line's gpu_model: the fast path gives each line's own
+    (None for a line without one), as the JSON of the line says it."""
+    written: list[str | None] = []
+    taken: list[str | None] = []
+    for record in RECORDS:
+        written += [orjson.loads(line).get("gpu_model") for line in record.split(b"\n")]
+        taken += [usage.gpu_model for _partition, _offset, usage in read(record) or []]
+    assert taken == written
+    assert {"A100-SXM-40GB", "H100-SXM-80GB", None} <= set(taken)
 
 
 def test_the_fast_paths_usages_pass_the_checked_constructor(read: Reader) -> None:
@@ -107,6 +115,8 @@ VARIATIONS: list[tuple[str, Any]] = [
     ("capacity_type", "spot"), ("capacity_type", "Spot"), ("capacity_type", MISSING), ("capacity_type", None),
     ("priority", -2147483648), ("priority", 1.0), ("priority", True), ("priority", "5"), ("priority", 2**70),
     ("priority", MISSING), ("source_partition", MISSING), ("source_offset", -7), ("source_offset", 2.5),
+    ("gpu_model", "H100-SXM-80GB"), ("gpu_model", None), ("gpu_model", MISSING), ("gpu_model", ""),
+    ("gpu_model", "H100\u00e9"), ("gpu_model", 'H100"SXM'), ("gpu_model", 100), ("gpu_model", ["H100"]),
     ("extra_field", {"nested": [1, 2]}),
 ]
 
@@ -151,7 +161,8 @@ def test_lines_that_are_no_rated_object(read: Reader, line: bytes) -> None:
 def test_the_canonical_variations_are_taken_by_the_fast_path(read: Reader) -> None:
     """Values the rating agent writes in other forms (a zero cost, other capacity types)."""
     for name, value in [("list_cost", "0E-18"), ("capacity_type", "spot"), ("capacity_type", MISSING),
-                        ("quantity", "1.000000000000"), ("priority", -2147483648)]:
+                        ("quantity", "1.000000000000"), ("priority", -2147483648),
+                        ("gpu_model", "H100-SXM-80GB"), ("gpu_model", None), ("gpu_model", MISSING)]:
         assert read(varied(name, value)) is not None, name
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+import streams.quota as quota_module
+import streams.quota_decode as quota_decode
 from gpumeter.core.models import Kind, QuotaEvent, RatedUsage
 from gpumeter.core.records import join
 from gpumeter.core.tenants import TenantsFile
@@ -489,15 +491,59 @@ def test_a_state_written_by_this_module_is_what_the_status_reads() -> None:
     ]
 
 
+def located(usages: list[RatedUsage], offset: int) -> bytes:
+    """A rated record of ``usages`` as the rating agent writes it, from samples offset ``offset``."""
+    return join([usage.model_copy(update={"source_partition": 0, "source_offset": offset}).model_dump_json()
+                 .encode() for usage in usages])
+
+
 def test_per_model_limits_read_the_model_of_each_rated_line() -> None:
-    """The native fast reader carries no gpu_model: with a per-model limit in force the processor
-    reads rated records with RatedLine, so the model budget sees every line."""
     processor = processor_for(tenants({"gpu_hours": 100, "gpu_hours_by_model": {"H100-": 2}}))
     record = gpus("a", 2, "2026-11-10T00:00:00Z")  # 2 H100-hours: 2 of 2
-    events = processor.process_record(join([usage.model_copy(update={"source_partition": 0,
-                                                                        "source_offset": 1}).model_dump_json()
-                                            .encode() for usage in record]))
+    events = processor.process_record(located(record, 1))
     assert [(e.level, e.gpu_model, str(e.used)) for e in events] == [("exceeded", "H100-", "2.000000")]
     # A tenant-wide event's JSON has no gpu_model key; a per-model one does.
     assert "gpu_model" not in json.loads(encode_event(events[0].model_copy(update={"gpu_model": None})))
     assert json.loads(encode_event(events[0]))["gpu_model"] == "H100-"
+
+
+def per_model_records() -> list[bytes]:
+    """Two samples records: 2 H100-hours and 1 A100-hour, then 3 A100-hours and a CPU line."""
+    a100 = {"gpu_model": "A100-SXM-40GB"}
+    first = gpus("h", 2, "2026-11-10T00:00:00Z") + [
+        usage.model_copy(update=a100) for usage in gpus("a", 1, "2026-11-10T00:00:00Z")]
+    second = [usage.model_copy(update=a100) for usage in gpus("b", 3, "2026-11-10T01:00:00Z")]
+    second.append(rated("c-0", "2026-11-10T01:00:00Z", kind="cpu", quantity="4"))
+    return [located(first, 1), located(second, 2)]
+
+
+def test_per_model_limits_keep_the_fast_reader_and_count_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With per-model limits in force the rating agent's records are still read by the native
+    reader (RatedLine is never asked), and each model's hours are what RatedLine gives."""
+    assert quota_decode._NATIVE is not None, "gpumeter_native is not built: `make install` builds it"
+    policy = tenants({"gpu_hours": 100, "gpu_hours_by_model": {"H100-": 2, "A100-": 4}})
+    records = per_model_records()
+
+    slow = processor_for(policy)
+    with monkeypatch.context() as patch:
+        patch.setattr(quota_module, "read_usages", lambda record: None)  # every record to RatedLine
+        slow_events = [slow.process_record(record) for record in records]
+
+    def no_rated_line(record: bytes) -> list[Any]:
+        raise AssertionError("a rating agent's record was left to RatedLine")
+
+    fast = processor_for(policy)
+    monkeypatch.setattr(quota_module, "decode_rated", no_rated_line)
+    fast_events = [fast.process_record(record) for record in records]
+
+    # By hand: H100 2 x 1 h = 7200 unit-seconds; A100 1 x 1 h + 3 x 1 h = 14400; the CPU line none.
+    expected = {"H100-SXM-80GB": Decimal(7200), "A100-SXM-40GB": Decimal(14400)}
+    for processor in (slow, fast):
+        state = processor.store.get("alpha")
+        assert state is not None
+        assert state.ledger.periods["2026-11"].gpu_unit_seconds_by_model == expected
+        assert state.ledger.periods["2026-11"].gpu_unit_seconds == Decimal(21600)
+    assert fast_events == slow_events
+    # H100 reaches 2 of 2 with the first record; A100 1 of 4, then 4 of 4 with the second.
+    assert [[(e.level, e.gpu_model, str(e.used)) for e in events] for events in fast_events] == [
+        [("exceeded", "H100-", "2.000000")], [("exceeded", "A100-", "4.000000")]]
