@@ -12,7 +12,9 @@ preconditioned on the uid, 422 on another uid; Eviction 201, 404 for a pod gone,
 - per pod, the notice annotation lands before the first Eviction; a throttled Eviction (429) is
   sent again and the pod is evicted exactly once;
 - a tenant's events are handled one at a time, in order;
-- an event the tenants file disagrees with (the trust amendment) evicts nothing.
+- an event the tenants file disagrees with (the trust amendment) evicts nothing;
+- Volcano queue work (one call at a time on its own thread) holds no tenant slot: more tenants
+  than there are slots are evicted while every queue close is still waiting.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import yaml
 from gpumeter.core.kube import EVICTION_NOTICE_ANNOTATION
 from gpumeter.core.models import QuotaEvent
 from gpumeter.core.settings import Settings
+from gpumeter.core.tenants import TenantPolicy
 from scheduler_hooks.actuator.kube_gateway import MERGE_PATCH
 from scheduler_hooks.actuator.plan import Position
-from scheduler_hooks.actuator.service import IO_THREADS, Actuator
+from scheduler_hooks.actuator.service import IO_THREADS, TENANT_CONCURRENCY, Actuator
 from scheduler_hooks.actuator.tenants_source import TenantsSource
-from scheduler_hooks.actuator.volcano_queues import NoVolcanoQueues
+from scheduler_hooks.actuator.volcano_queues import NoVolcanoQueues, QueueChange
 from scheduler_hooks.cluster.kube_objects import PodView
 
 TENANTS = [f"team-{i:02d}" for i in range(12)]
@@ -187,14 +190,28 @@ class WatchedActuator(Actuator):
             self.handling[event.tenant] -= 1
 
 
-def make_actuator(tmp_path: Path, api: FakeApiServer) -> tuple[WatchedActuator, FakeRecords]:
+class StuckQueues(NoVolcanoQueues):
+    """Volcano queues whose every close waits until ``release`` is set (an API server slow to
+    answer the queue calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def close(self, tenant: str, metric: str, policy: TenantPolicy | None) -> QueueChange | None:
+        self.release.wait(timeout=30)
+        return None
+
+
+def make_actuator(tmp_path: Path, api: FakeApiServer, tenant_names: list[str] = TENANTS,
+                  queues: NoVolcanoQueues | None = None) -> tuple[WatchedActuator, FakeRecords]:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(yaml.safe_dump({"tenants": [
-        {"tenant": t, "gpu_hours": 1, "on_exceed": "preempt", "grace_seconds": 0} for t in TENANTS]}))
+        {"tenant": t, "gpu_hours": 1, "on_exceed": "preempt", "grace_seconds": 0} for t in tenant_names]}))
     settings = Settings(data_dir=tmp_path)
     settings.hooks.eviction_max_backoff_seconds = 0.05  # a throttled Eviction is sent again soon
     actuator = WatchedActuator(settings, dry_run=False, kube=api, tenants=TenantsSource(tenants),
-                               queues=NoVolcanoQueues(), grants=FakeGrants())
+                               queues=queues or NoVolcanoQueues(), grants=FakeGrants())
     records = FakeRecords()
     actuator.sink = records  # type: ignore[assignment]
     actuator.evictions.sink = records  # type: ignore[assignment]
@@ -247,3 +264,29 @@ def test_crossings_of_many_tenants_evict_side_by_side_in_order_per_pod(tmp_path:
     assert trusted == {t: [f"exceeded-{t}-1.000000"] * 2 for t in TENANTS[:-1]}
     evicted = {(r.namespace, r.pod) for r in records.written if r.action == "evicted"}
     assert evicted == {(t, f"job-{i}") for t in TENANTS[:-1] for i in range(PODS_PER_TENANT)}
+
+
+def test_queue_work_holds_no_tenant_slot(tmp_path: Path) -> None:
+    tenants = [f"team-{i:02d}" for i in range(TENANT_CONCURRENCY + 4)]
+    api = FakeApiServer([running_pod(t, 0) for t in tenants], throttle_first=set())
+    queues = StuckQueues()
+    actuator, _ = make_actuator(tmp_path, api, tenants, queues)
+
+    async def scenario() -> set[str]:
+        dispatched = asyncio.ensure_future(dispatch_and_settle(actuator, [crossing(t) for t in tenants]))
+        for _ in range(200):  # until every pod is evicted, or 10 s: then the slots were held
+            if all("201" in api.calls[f"{t}/job-0"] for t in tenants):
+                break
+            await asyncio.sleep(0.05)
+        evicted_while_stuck = {t for t in tenants if "201" in api.calls[f"{t}/job-0"]}
+        queues.release.set()
+        await dispatched
+        return evicted_while_stuck
+
+    try:
+        assert asyncio.run(scenario()) == set(tenants)
+    finally:
+        queues.release.set()
+        actuator._pool.shutdown(wait=True)
+        actuator._events_pool.shutdown(wait=True)
+        actuator._queues_pool.shutdown(wait=True)
