@@ -292,7 +292,8 @@ def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any,
     from scheduler_hooks.actuator.tenants_source import TenantsSource
 
     # Stage marks (time.time() per tenant, first occurrence): "fetched" as the consumer hands the
-    # event to its tenant's chain, "handled" as handling starts, "evict" as the Eviction call goes out;
+    # event to its tenant's chain, "handled" as handling starts, "slot" once its pods' part has a
+    # tenant slot (reads, plan, notice follow), "evict" as the Eviction call goes out;
     # and the durations of the calls on the way (<call> and <call> done).
     marks: dict[str, dict[str, float]] = {"fetched": {}, "handled": {}, "evict": {}}
 
@@ -335,6 +336,10 @@ def _actuator_main(settings_json: str, kubeconfig: str, tenants: str, stop: Any,
         async def handle(self, event: Any, position: Any = None) -> None:
             marks["handled"].setdefault(event.tenant, time.time())
             await super().handle(event, position)
+
+        async def _pods_for(self, event: Any, policy: Any, position: Any) -> None:
+            marks.setdefault("slot", {}).setdefault(event.tenant, time.time())  # a tenant slot taken
+            await super()._pods_for(event, policy, position)
 
     logging.basicConfig(
         filename=str(Path(tenants).with_name("actuator.log")),
@@ -569,15 +574,17 @@ def stages(
         ),
         "actuator fetched": marks.get("fetched", {}),
         "actuator handling": marks.get("handled", {}),
+        "tenant slot taken": marks.get("slot", {}),
         "eviction call": marks.get("evict", {}),
         "eviction answered": marks.get("evict done", {}),
         "eviction seen": seen,
     }
     paths = {
-        "actuator": (direct, ["produced", "actuator fetched", "actuator handling", "eviction call",
-                              "eviction answered", "eviction seen"]),
+        "actuator": (direct, ["produced", "actuator fetched", "actuator handling", "tenant slot taken",
+                              "eviction call", "eviction answered", "eviction seen"]),
         "pipeline": (piped, ["produced", "rated record produced", "quota event produced", "actuator fetched",
-                             "actuator handling", "eviction call", "eviction answered", "eviction seen"]),
+                             "actuator handling", "tenant slot taken", "eviction call", "eviction answered",
+                             "eviction seen"]),
     }
     out: dict[str, dict[str, dict[str, float]]] = {}
     calls: dict[str, dict[str, float]] = {}

@@ -33,6 +33,7 @@ from gpumeter.core import topics
 from gpumeter.core.settings import KafkaSettings, Settings
 from gpumeter.infra import kafka as kafka_admin
 from gpumeter.infra import kafka_log
+from gpumeter.infra.insert import load_client_extras
 from gpumeter.infra.kafka_log import KafkaErrorThrottle
 from gpumeter.infra.tables import Topology
 from streams import metrics
@@ -203,6 +204,7 @@ def tune_gc() -> None:
 def run_worker(settings: Settings, loglevel: str = "warn") -> None:
     """Run the worker until SIGTERM/SIGINT: unstored batches stay uncommitted."""
     built = create_app(settings)
+    load_client_extras()  # not on the first quota event's path (gpumeter/infra/insert.py)
     worker = _Worker(built.app, built.writers, built.kafka_errors, loglevel=loglevel, quiet=True)
     tune_gc()  # after the start-up objects exist
     worker.execute_from_commandline()

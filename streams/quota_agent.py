@@ -39,6 +39,7 @@ from streams.quota import (
     encode_event,
     encode_state,
 )
+from streams.quota_producer import QuotaEventProducer
 from streams.sink import ClickHouseSink, first_line
 from streams.stage import encode_dead
 
@@ -175,14 +176,19 @@ def add_quota(app: faust.App, settings: Settings, rated_topic: Any, quota_topic:
     held: list[EventT] = []
     rated_stream: list[StreamT] = []
 
+    producer = QuotaEventProducer(kafka, quota_name)
+
+    @app.on_before_shutdown.connect
+    async def stop_producer(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await producer.stop()
+
     async def publish(events: list[QuotaEvent]) -> None:
-        """Produce ``events`` and wait until the broker has them all."""
+        """Produce ``events`` and wait until the broker has them all (on the agent's own
+        producer, streams/quota_producer.py: not behind the rated records' batches)."""
         delay = 0.2
         while events:
             try:
-                sent = [await quota_topic.send(key=event.tenant.encode(), value=encode_event(event))
-                        for event in events]
-                await asyncio.gather(*sent)
+                await producer.send_all([(event.tenant.encode(), encode_event(event)) for event in events])
                 return
             except Exception as exc:  # not delivered: the ledger must not say it was announced
                 log.warning("quota events: publishing %d failed (retry in %.1fs): %s", len(events), delay,

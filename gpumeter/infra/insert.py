@@ -138,6 +138,18 @@ def _plain(precision: int, scale: int) -> re.Pattern[str]:
     return pattern
 
 
+def load_client_extras() -> None:
+    """Import now what clickhouse-connect imports lazily on a process's first ``client.insert``
+    of rows: pandas and numpy, only to ask whether the data is a DataFrame or an array. That
+    import is ~0.4 s of CPU holding the GIL, in the middle of whatever runs then: in the worker,
+    the first quota event (or dead letter) it stored held the rating and quota agents, and the
+    crossings behind them, that long (py-spy, benchmarks/quota_latency.py). The worker calls
+    this at start instead."""
+    from clickhouse_connect.driver import options
+
+    _ = (options.pd, options.np)  # each resolved (imported, or None if absent) and kept
+
+
 def insert_rows(client: Client, table: Table, rows: Sequence[Sequence[Any]],
                 settings: dict[str, Any] | None = None) -> None:
     """Insert ``rows`` (values in ``table.insert_columns`` order, a line past them ignored) as

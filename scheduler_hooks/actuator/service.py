@@ -121,7 +121,11 @@ RECLAIM_SECONDS = 5.0
 QUEUE_SYNC_SECONDS = 5.0
 NODE_CACHE_SECONDS = 30.0
 NAMESPACE_CACHE_SECONDS = 5.0
-TENANT_CONCURRENCY = 16
+# Tenants whose pods' part runs at once. The calls themselves are bounded below it (IO_THREADS
+# API calls, records.READERS ClickHouse reads, one read-ahead); the slots only bound how many
+# tenants are in flight. At 16, crossings released together after a window of the 10,000-GPU
+# fleet waited p99 0.7 s for a slot (benchmarks/quota_latency.py, at load 9).
+TENANT_CONCURRENCY = 64
 IO_THREADS = 8
 BATCH = 500
 FETCH_WAIT_MS = 100
@@ -318,7 +322,8 @@ class Actuator:
         """Fetch, dispatch, commit: fetching never waits for handling.
 
         Each event joins its tenant's chain (a tenant's events run in order: one key, one
-        partition), different tenants run side by side (at most TENANT_CONCURRENCY at once),
+        partition), different tenants run side by side (at most TENANT_CONCURRENCY on their pods
+        at once),
         and an offset is committed once every event up to it is handled (OffsetTracker).
         """
         offsets: OffsetTracker[TopicPartition] = OffsetTracker()
@@ -358,8 +363,7 @@ class Actuator:
         async def run() -> None:
             if previous is not None:
                 await asyncio.wait([previous])  # order within the tenant; its outcome is its own
-            async with self._tenant_slots:
-                handled = await self._handle_with_retry(event, position)
+            handled = await self._handle_with_retry(event, position)
             if handled and not self._stop.is_set():
                 done()
 
@@ -408,8 +412,18 @@ class Actuator:
             self._ignore(event, reason)
             return
         self.blocked = blocked_after(self.blocked, event, policy, self._now(), grants)
-        await asyncio.gather(self._queue_for(event, policy), self._pods_for(event, policy, position),
+        await asyncio.gather(self._queue_for(event, policy), self._pods_with_slot(event, policy, position),
                              self._announce(event))
+
+    async def _pods_with_slot(self, event: QuotaEvent, policy: TenantPolicy | None,
+                              position: Position | None) -> None:
+        """The pods' part of an event, at most TENANT_CONCURRENCY tenants at once. Only this part:
+        Volcano queue work runs one call at a time on its own thread and was holding slots while
+        it waited there (with its record), so that at 10 crossings a second under load the
+        next tenants' evictions waited for slots (benchmarks/quota_latency.py: p99 0.6 s between
+        fetching an event and handling it)."""
+        async with self._tenant_slots:
+            await self._pods_for(event, policy, position)
 
     async def _announce(self, event: QuotaEvent) -> None:
         """A Kubernetes Event on each of the tenant's namespaces for a trusted crossing (once per
@@ -474,10 +488,14 @@ class Actuator:
                        position: Position | None) -> None:
         if policy is None or policy.on_exceed != "preempt" or event.event_id in self._handled:
             return
-        if await self._cancelled(event, position):
+        # Three reads side by side, nothing written before all are in: whether a later recovered
+        # cancelled the event (Kafka), whether it was planned before (ClickHouse), the pods (API
+        # server). One after the other they were the actuator's largest share of a crossing.
+        cancelled, recorded, pods = await asyncio.gather(
+            self._cancelled(event, position), self.sink.recorded(event.tenant, event.event_id),
+            self._tenant_pods(event.tenant))
+        if cancelled:
             return
-        recorded, pods = await asyncio.gather(self.sink.recorded(event.tenant, event.event_id),
-                                              self._tenant_pods(event.tenant))
         if recorded is None:
             return  # stopping
         if recorded:

@@ -217,3 +217,22 @@ def test_lines_are_sent_joined_as_json_each_row_refusing_fields_that_are_not_col
     assert kwargs["fmt"] == "JSONEachRow"
     assert kwargs["settings"] == {"date_time_input_format": "best_effort", "input_format_parallel_parsing": 0,
                                   "insert_deduplication_token": "t", "input_format_skip_unknown_fields": 0}
+
+
+def test_load_client_extras_resolves_what_the_first_insert_would_import() -> None:
+    """In a fresh interpreter (this one may have resolved them already): before the call the
+    lazy attributes are unresolved, after it both are (a module, or None where not installed),
+    so the first insert imports nothing."""
+    import subprocess
+    import sys
+
+    probe = (
+        "from clickhouse_connect.driver import options\n"
+        "from gpumeter.infra.insert import load_client_extras\n"
+        "before = {'pd', 'np'} & set(vars(options))\n"
+        "load_client_extras()\n"
+        "after = {'pd', 'np'} & set(vars(options))\n"
+        "print(sorted(before), sorted(after))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["[]", "['np',", "'pd']"]
