@@ -1,6 +1,11 @@
 """The insights job: reads usage from ClickHouse, runs the pure rules of insights/ (idle GPUs,
 forecasts) and publishes what they say: advice events on ``gpumeter.advice.v1`` and rows in the
-``advice``, ``forecasts`` and ``insight_runs`` tables that the dashboards show.
+``advice``, ``forecasts``, ``budget_lines`` and ``insight_runs`` tables that the dashboards show.
+
+``budget_lines`` holds every tenant's budget lines (quota.budget) as the report states them
+(dashboards.budget_report.budgets: used from the hourly rollup, grants from ``quota_grants`` and
+the tenants file, runway from this run's forecasts), so the Tenant dashboard, which cannot read
+the tenants file, shows base limit, grants with rollover carries, per-model limits and runway.
 
 Advice only: nothing here evicts, blocks or changes a pod.
 
@@ -14,11 +19,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from dashboards.budget_report import budgets
 from dashboards.finance_report import InsightsView
 from gpumeter.core import jsonio, topics
 from gpumeter.core.grants import Grant
@@ -39,7 +45,8 @@ from insights.forecast import (
     forecast_many,
 )
 from insights.idle import GpuWindow, IdleAdvice, IdleRule, find_idle
-from insights.tables import ADVICE, FORECASTS, INSIGHT_RUNS
+from insights.tables import ADVICE, BUDGET_LINES, FORECASTS, INSIGHT_RUNS
+from quota.budget import BudgetLine
 from quota.grants import fold, limit_at, of_file, previous_period
 from quota.periods import period_end, period_key, period_start
 
@@ -48,6 +55,8 @@ IDLE_LOOKBACK = timedelta(hours=24)
 # Enough for eight weekly backtest folds, each with two weeks of history and its whole month.
 FORECAST_LOOKBACK = timedelta(days=120)
 METRICS: tuple[Metric, ...] = ("spend", "gpu_hours")
+# budget_lines' Decimal(38, 12) scale: stored rounded half-up (the client would truncate).
+_STORED = Decimal("1e-12")
 
 
 def utc(moment: datetime) -> datetime:
@@ -182,6 +191,27 @@ def forecast_rows(forecasts: Sequence[Forecast]) -> list[tuple[Any, ...]]:
     return rows
 
 
+def budget_line_rows(lines: Sequence[BudgetLine]) -> list[tuple[Any, ...]]:
+    """One ``budget_lines`` row per line; model_key '' for a tenant-wide line."""
+
+    def stored(value: Decimal) -> Decimal:
+        return value.quantize(_STORED, rounding=ROUND_HALF_UP)
+
+    return [BUDGET_LINES.row_from({
+        "tenant": line.tenant, "period": line.period, "metric": line.metric,
+        "model_key": line.gpu_model or "", "base_limit": stored(line.base_limit),
+        "granted": stored(line.granted), "limit": stored(line.limit), "used": stored(line.used),
+        "remaining": stored(line.remaining), "runway_hours": line.runway.hours,
+        "runway_until": line.runway.until, "runway_source": line.runway.source, "computed_at": line.at,
+    }) for line in lines]
+
+
+def store_budgets(client: Client, lines: Sequence[BudgetLine]) -> None:
+    if lines:
+        client.insert(BUDGET_LINES.name, budget_line_rows(lines),
+                      column_names=list(BUDGET_LINES.insert_columns))
+
+
 # ------------------------------------------------------------------------------------ the job
 
 
@@ -190,28 +220,34 @@ class InsightsResult:
     at: datetime | None
     idle: list[IdleAdvice] = field(default_factory=list)
     forecasts: list[Forecast] = field(default_factory=list)
+    budgets: list[BudgetLine] = field(default_factory=list)
     advice_published: int = 0
     stored: bool = False
 
 
 def evaluate(client: Client, policies: TenantsFile, at: datetime | None = None, rule: IdleRule | None = None,
-             forecasts: bool = True, grants: Mapping[str, Sequence[Grant]] | None = None) -> InsightsResult:
+             forecasts: bool = True, grants: Mapping[str, Sequence[Grant]] | None = None,
+             budget_lines: bool = True) -> InsightsResult:
     """Idle advice and forecasts as of ``at`` (default: the end of the latest gpu window), the
     forecasts against the limits with grants (``grants``: ``quota_grants`` folded, read here
-    when not given)."""
+    when not given), and with the forecasts every tenant's budget lines at ``at`` (unless
+    ``budget_lines`` is False: the report states them at its own moment)."""
     at = utc(at) if at is not None else latest_gpu_window_end(client)
     if at is None:
         return InsightsResult(at=None)
     result = InsightsResult(at=at, idle=detect_idle(client, at, rule or IdleRule()))
     if forecasts:
         origin = floor_hour(at)
-        result.forecasts = forecast_all(load_histories(client, origin), origin, policies,
-                                        read_grants(client) if grants is None else grants)
+        every = read_grants(client) if grants is None else grants
+        result.forecasts = forecast_all(load_histories(client, origin), origin, policies, every)
+        if budget_lines:
+            result.budgets = budgets(client, policies, every, at, result.forecasts)
     return result
 
 
 def store(client: Client, result: InsightsResult) -> None:
-    """Advice and forecast rows, then the run marker (last: a run shows once it is complete)."""
+    """Advice, forecast and budget line rows, then the run marker (last: a run shows once it is
+    complete)."""
     if result.at is None:
         return
     if result.idle:
@@ -219,6 +255,7 @@ def store(client: Client, result: InsightsResult) -> None:
     if result.forecasts:
         client.insert(FORECASTS.name, forecast_rows(result.forecasts),
                       column_names=list(FORECASTS.insert_columns))
+    store_budgets(client, result.budgets)
     tenants = len({f.tenant for f in result.forecasts})
     client.insert(INSIGHT_RUNS.name, [(result.at, len(result.idle), tenants)],
                   column_names=list(INSIGHT_RUNS.insert_columns))

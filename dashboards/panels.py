@@ -33,47 +33,20 @@ MONTH_OF_RANGE_END = "formatDateTime($__toTime, '%Y-%m', 'UTC')"
 LATEST_RUN = "(SELECT max(run_at) FROM insight_runs WHERE $__timeFilter(run_at))"
 
 
-# The budget view (issue 33 point 6): the forecast's limit (base + grants at the insights run),
-# used of the quota period holding the range's end, and the runway as quota.budget states it.
-# Money and hours at 12 places so the if() branches share one Decimal type.
+# The budget view (issue 33 point 6): the budget lines the insights job stored at the tenant's
+# latest run (quota.budget, as `gpumeter budget show` and the report state them): the current
+# budget, not the range's. One run's lines share computed_at, so a line the tenants file dropped
+# since (or one of an earlier period) is not shown; FINAL keeps each line's latest row (a later run
+# replaces it, so no earlier run can be shown whole). The tenant's rows live on one shard.
 BUDGET_SQL = (
-    "SELECT metric, quota_period, quota_limit, used, quota_limit - used AS remaining,\n"
-    "       if(quota_limit > 0, toFloat64(used) / toFloat64(quota_limit), NULL) AS used_share,\n"
-    "       round(runway_s / 3600, 1) AS runway_hours,\n"
-    "       if(runway_s IS NULL, NULL, addSeconds(to_time, toInt64(round(runway_s)))) AS runway_until,\n"
-    "       if(from_forecast, 'forecast', 'run-rate') AS runway_from\n"
-    "FROM (\n"
-    "  SELECT f.metric AS metric, f.quota_period AS quota_period, f.quota_limit AS quota_limit,\n"
-    "         if(f.metric = 'spend', if(f.quota_period = 'day', u.day_spend, u.month_spend),\n"
-    "            if(f.quota_period = 'day', u.day_hours, u.month_hours)) AS used,\n"
-    "         $__toTime AS to_time,\n"
-    "         if(f.quota_period = 'day', toStartOfDay(to_time, 'UTC'),\n"
-    "            toDateTime(toStartOfMonth(to_time, 'UTC'), 'UTC')) AS period_start,\n"
-    "         if(f.quota_period = 'day', period_start + INTERVAL 1 DAY, period_start + INTERVAL 1 MONTH)\n"
-    "             AS period_end,\n"
-    "         f.model = 'holt-winters' AND f.computed_at >= period_start AND f.computed_at < period_end\n"
-    "             AS from_forecast,\n"
-    "         dateDiff('second', period_start, to_time) AS elapsed,\n"
-    "         toFloat64(quota_limit - used) AS left_over,\n"
-    "         multiIf(left_over <= 0, 0.,\n"
-    "                 from_forecast, if(f.exhaust_at IS NULL OR f.exhaust_at >= period_end, NULL,\n"
-    "                     toFloat64(greatest(dateDiff('second', to_time, f.exhaust_at), 0))),\n"
-    "                 used <= 0 OR elapsed <= 0, NULL,\n"
-    "                 left_over * elapsed / toFloat64(used)\n"
-    "                     >= dateDiff('second', to_time, period_end), NULL,\n"
-    "                 left_over * elapsed / toFloat64(used)) AS runway_s\n"
-    "  FROM (SELECT metric, quota_period, quota_limit, model, computed_at, exhaust_at FROM forecasts FINAL\n"
-    f"        WHERE {TENANT} AND period = {MONTH_OF_RANGE_END} AND quota_limit IS NOT NULL) AS f\n"
-    "  CROSS JOIN (\n"
-    "    SELECT toDecimal128(sumIf(unit_seconds, kind = 'gpu') / 3600, 12) AS month_hours,\n"
-    "           toDecimal128(sumIf(unit_seconds, kind = 'gpu' AND hour >= toStartOfDay($__toTime, 'UTC'))\n"
-    "               / 3600, 12) AS day_hours,\n"
-    "           toDecimal128(sum(list_cost), 12) AS month_spend,\n"
-    "           toDecimal128(sumIf(list_cost, hour >= toStartOfDay($__toTime, 'UTC')), 12) AS day_spend\n"
-    "    FROM usage_hourly\n"
-    f"    WHERE {TENANT} AND period = {MONTH_OF_RANGE_END} AND hour <= $__toTime) AS u\n"
-    ")\n"
-    "ORDER BY metric"
+    "SELECT metric, if(model_key = '', 'all', model_key) AS gpu_model, period, base_limit,\n"
+    "       granted AS grants, `limit` AS quota_limit, used, remaining,\n"
+    "       if(`limit` > 0, toFloat64(used) / toFloat64(`limit`), NULL) AS used_share,\n"
+    "       runway_hours, runway_until, runway_source AS runway_from, computed_at\n"
+    "FROM budget_lines FINAL\n"
+    f"WHERE {TENANT}\n"
+    f"  AND computed_at = (SELECT max(computed_at) FROM budget_lines WHERE {TENANT})\n"
+    "ORDER BY metric, model_key"
 )
 # quota_grants rows are numbered; a number held twice is read once (gpumeter/infra/grants.py).
 GRANTS_SQL = (
@@ -308,17 +281,20 @@ TENANT_DASHBOARD = DashboardSpec(
         )),
         ("Budget", (
             PanelSpec(
-                "Budget: limit, used and runway", "table", BUDGET_SQL,
-                ("metric", "quota_period", "quota_limit", "used", "remaining", "used_share", "runway_hours",
-                 "runway_until", "runway_from"), width=24,
+                "Budget: limit, grants, used and runway", "table", BUDGET_SQL,
+                ("metric", "gpu_model", "period", "base_limit", "grants", "quota_limit", "used", "remaining",
+                 "used_share", "runway_hours", "runway_until", "runway_from", "computed_at"), width=24,
                 column_units={"used_share": "percentunit", "runway_hours": "h"},
-                description="Per limited metric of the quota period that holds the range's end: the limit "
-                            "with grants (as the insights run computed it), used from the hourly rollup, "
-                            "remaining, and how long it lasts: by the forecast where its model beat the run "
-                            "rate (Holt-Winters) and was made in this period, else at the period's run rate "
-                            "so far (runway_from says which; empty: beyond the period). Per-model limits "
-                            "live in the tenants file: `gpumeter report` and `gpumeter budget show` "
-                            "show them."),
+                description="The tenant's budget lines as the latest insights run (`gpumeter insights`) "
+                            "stated them (computed_at; not the range's), as `gpumeter budget show` and "
+                            "`gpumeter report` do: per gpu_hours/spend limit (gpu_model all) "
+                            "and per gpu_hours_by_model key, the tenants file's base limit, the grants "
+                            "counted then (the tenants file's and `quota_grants`, a rollover grant of "
+                            "the period before as its carry; per-model keys take none), the limit, used "
+                            "from the hourly rollup, remaining, and how long it lasts: by the forecast "
+                            "where its model beat the run rate, else at the period's run rate "
+                            "(runway_from; empty: beyond the period, 0: exhausted). A grant made since "
+                            "shows at the next run."),
             PanelSpec(
                 "Budget grants", "table", GRANTS_SQL,
                 ("grant", "metric", "amount", "effective_at", "expires_at", "rollover", "home_month", "note"),
@@ -326,8 +302,8 @@ TENANT_DASHBOARD = DashboardSpec(
                 description="Grants of `quota_grants` in force at the range's end and effective since the "
                             "start of the month before (each number once, corrections folded in). One of "
                             "the current quota period counts in full, a rollover grant of the period "
-                            "before as its unused part; grants in the tenants file are not in ClickHouse "
-                            "(`gpumeter budget show` lists every grant with what it adds)."),
+                            "before as its unused part; grants in the tenants file are not in this table "
+                            "(the Budget table counts them, with each carry)."),
             PanelSpec(
                 "GPU-hours by GPU model this month", "table",
                 "SELECT gpu_model, sum(unit_seconds) / 3600 AS gpu_hours\n"
@@ -335,8 +311,8 @@ TENANT_DASHBOARD = DashboardSpec(
                 f"WHERE kind = 'gpu' AND {TENANT} AND period = {MONTH_OF_RANGE_END} AND hour <= $__toTime\n"
                 "GROUP BY gpu_model\nORDER BY gpu_model",
                 ("gpu_model", "gpu_hours"), width=12, column_units={"gpu_hours": "h"},
-                description="Use against per-model limits (gpu_hours_by_model) of a monthly quota period, "
-                            "by the samples' own GPU model."),
+                description="Use by the samples' own GPU model, limited or not (the Budget table has "
+                            "each gpu_hours_by_model key with its limit)."),
         )),
         ("Preemptions and idle GPUs", (
             PanelSpec(

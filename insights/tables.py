@@ -1,4 +1,4 @@
-"""The insights tables, declared once: idle-GPU advice and per-tenant forecasts.
+"""The insights tables, declared once: idle-GPU advice, per-tenant forecasts and budget lines.
 
 Written by the insights job (dashboards/insights_job.py), read by the Grafana dashboards and
 `gpumeter insights`. Both are ReplacingMergeTree with the evaluation time as version: a
@@ -79,6 +79,34 @@ FORECASTS = Table(
     shard_by="cityHash64(tenant)",
 )
 
+# One row per budget line (quota.budget) of every tenant with a limit, at each insights run: what
+# `gpumeter budget show` and the report state, for the Tenant dashboard (it cannot read the
+# tenants file). model_key '' is the tenant-wide line; a gpu_hours_by_model key otherwise. The
+# lines of one run share computed_at (the run's time): readers take the tenant's latest run, so a
+# line dropped from the tenants file stops showing.
+BUDGET_LINES = Table(
+    name="budget_lines",
+    columns=(
+        Column("tenant", "LowCardinality(String)"),
+        Column("period", "LowCardinality(String)"),
+        Column("metric", "LowCardinality(String)"),
+        Column("model_key", "LowCardinality(String)"),
+        Column("base_limit", "Decimal(38, 12)"),
+        Column("granted", "Decimal(38, 12)"),
+        Column("limit", "Decimal(38, 12)"),
+        Column("used", "Decimal(38, 12)"),
+        Column("remaining", "Decimal(38, 12)"),
+        Column("runway_hours", "Nullable(Decimal(18, 1))"),
+        Column("runway_until", "Nullable(DateTime64(6, 'UTC'))"),
+        Column("runway_source", "LowCardinality(String)"),
+        Column("computed_at", "DateTime64(6, 'UTC')"),
+        Column("inserted_at", "DateTime64(3, 'UTC')", default="now64(3)"),
+    ),
+    engine="ReplacingMergeTree(computed_at)",
+    order_by="(tenant, period, metric, model_key)",
+    shard_by="cityHash64(tenant)",
+)
+
 # One row per evaluation, even one that found nothing: "the idle GPUs now" are the advice rows of
 # the latest run, and a run with no advice must be able to say so.
 INSIGHT_RUNS = Table(
@@ -99,7 +127,8 @@ INSIGHTS = SchemaOwner(
         Migration(1, "idle-GPU advice, per-tenant forecasts, evaluation runs", (
             ADVICE.create_sql(), FORECASTS.create_sql(), INSIGHT_RUNS.create_sql(),
         )),
+        Migration(2, "budget lines per tenant, metric and GPU model key", (BUDGET_LINES.create_sql(),)),
     ),
     # insight_runs (one row per evaluation) is never sharded.
-    current=(ADVICE, FORECASTS, INSIGHT_RUNS),
+    current=(ADVICE, FORECASTS, BUDGET_LINES, INSIGHT_RUNS),
 )

@@ -13,22 +13,26 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dashboards.budget_report import stored_exhaustions
+from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.models import UsageSample
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
 from gpumeter.infra.schema import RATED_USAGE
 from insights.tables import FORECASTS
 from pricing.rating import Rater
+from quota.accounting import format_value
 from quota.budget import ExhaustionForecast
 from testkit.builders import card_set, sample, shipped_rate_card_documents
-from tests.services import run_cli
+from tests.services import run_cli, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +153,86 @@ def test_budget_show_takes_the_runway_from_a_stored_forecast_that_beat_the_run_r
     assert lines[("spend", None)]["runway_from"] == "run-rate"
     assert set(lines) == {("gpu_hours", None), ("spend", None), ("gpu_hours", "A100-"),
                           ("gpu_hours", "H100-SXM-80GB")}
+
+
+def test_gpumeter_insights_stores_the_lines_budget_show_prints(
+    settings: Settings, worker_factory: Callable[..., WorkerProcess], tmp_path: Path
+) -> None:
+    """The same usage through the real worker: its quota ledger (what `budget show` counts) and
+    ClickHouse's rollup (what `gpumeter insights` counts) hold the same samples, so the rows the
+    insights run stores in budget_lines are the figures `budget show --json` prints at the run's
+    time, line for line; and those are the report's hand-worked ones (limit 70 = 40 + carry 20 + #1
+    10, used 25; spend 59.00 of 1000.00; H100 20 of 24; A100- 5 of 100)."""
+    path = tmp_path / "tenants.yaml"
+    path.write_text(TENANTS)
+    settings.tenants = path
+    settings.quota.reload_seconds = 0.5
+    settings.quota.grants_poll_seconds = 0.5
+    granted = run_cli(settings, "budget", "grant", "--tenant", "team-a", "--gpu-hours", "10",
+                      "--effective", "2026-11-01T00:00:00Z")
+    assert granted.returncode == 0, granted.stderr
+    worker = worker_factory(settings)
+    documents = [sample(f"oct-{i}", start=datetime(2026, 10, 20, tzinfo=UTC) + timedelta(hours=i),
+                        pod="old", pod_uid="uid-old") for i in range(30)]
+    documents += [sample(f"h100-{i}", start=datetime(2026, 11, 1, i, tzinfo=UTC), quantity="2")
+                  for i in range(10)]
+    documents += [sample(f"a100-{i}", start=datetime(2026, 11, 1, i, tzinfo=UTC), gpu_model="A100-SXM-40GB",
+                         pod="a100", pod_uid="uid-a100") for i in range(5)]
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps(d) + "\n" for d in documents))
+    ingested = run_cli(settings, "ingest", str(samples))
+    assert ingested.returncode == 0, ingested.stderr
+
+    at = "2026-11-01T10:00:00Z"
+
+    def shown() -> dict[tuple[str, str], dict[str, Any]]:
+        result = run_cli(settings, "budget", "show", "--tenant", "team-a", "--at", at, "--json")
+        assert result.returncode == 0, result.stderr
+        return {(m["metric"], m["gpu_model"] or ""): m for m in json.loads(result.stdout)["metrics"]}
+
+    def stored_usage() -> int:
+        client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+        try:
+            return int(client.query("SELECT count() FROM rated_usage FINAL").result_rows[0][0])
+        finally:
+            client.close()
+
+    wait_until(lambda: stored_usage() == len(documents) and shown()[("spend", "")]["used"] == "59.00"
+               and shown()[("gpu_hours", "")]["used"] == "25.000000", 180,
+               f"the worker counted and stored every sample; its log: {worker.log_tail()}")
+
+    insights = run_cli(settings, "insights", timeout=600)
+    assert insights.returncode == 0, insights.stderr
+    assert "4 budget line(s)" in insights.stdout, insights.stdout
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        rows = client.query(
+            "SELECT metric, model_key, period, base_limit, granted, `limit`, used, remaining, runway_hours, "
+            "runway_until, runway_source, computed_at FROM budget_lines FINAL WHERE tenant = 'team-a'"
+        ).result_rows
+    finally:
+        client.close()
+    # The run's time: the end of the latest gpu window, November 1 10:00.
+    assert {row[11].replace(tzinfo=UTC) for row in rows} == {datetime(2026, 11, 1, 10, tzinfo=UTC)}
+    printed = shown()
+    assert {(row[0], row[1]) for row in rows} == set(printed)
+    for metric, key, period, base, granted_now, limit, used, remaining, hours, until, source, _ in rows:
+        line = printed[(metric, key)]
+
+        def show(value: Decimal, metric: str = metric) -> str:
+            return format_value("spend" if metric == "spend" else "gpu_hours", value)
+
+        grants = sum((Decimal(g["amount"]) for g in line["grants"]), Decimal(0))
+        assert (period, show(base), show(granted_now), show(limit), show(used), show(remaining)) == (
+            line["period"], line["base_limit"], show(grants), line["limit"], line["used"],
+            line["remaining"]), (metric, key)
+        assert (None if hours is None else str(hours), source) == (line["runway_hours"], line["runway_from"])
+        stated = None if until is None else until.replace(tzinfo=UTC).isoformat().replace("+00:00", "Z")
+        assert stated == line["runway_until"], (metric, key)
+    hours = printed[("gpu_hours", "")]
+    assert (hours["limit"], hours["used"]) == ("70.000000", "25.000000")
+    assert [(g["grant"], g["amount"], g["carried"]) for g in hours["grants"]] == [
+        ("file:q4", "20.000000", True), ("#1", "10.000000", False)]
+    assert (printed[("spend", "")]["limit"], printed[("spend", "")]["used"]) == ("1000.00", "59.00")
+    assert printed[("gpu_hours", "H100-SXM-80GB")]["used"] == "20.000000"
+    assert printed[("gpu_hours", "A100-")]["remaining"] == "95.000000"

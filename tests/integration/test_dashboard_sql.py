@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from dashboards.insights_job import evaluate, store
+from dashboards.budget_report import budgets
+from dashboards.insights_job import evaluate, read_grants, store, store_budgets
 from dashboards.panels import DASHBOARDS, FINANCE, OPERATIONS, TENANT_DASHBOARD, DashboardSpec, PanelSpec
 from gpumeter.app import schema
 from gpumeter.core.models import DeadLetter, UsageSample
@@ -145,6 +147,29 @@ DEAD = [
 RUN_OLD = T0 + timedelta(hours=22)
 RUN_NEW = T0 + timedelta(hours=23)
 
+# The budget lines the insights job stores (budget_lines), at RUN_NEW with these limits; at
+# RUN_OLD team-a had an L40S- key since dropped. team-a's October rollover grant carries its
+# unused part, #7 (quota_grants, 9) counts in full; team-b's quota is daily.
+BUDGET_TENANTS = """\
+tenants:
+  - tenant: team-a
+    gpu_hours: 3
+    gpu_hours_by_model: {H100-SXM-80GB: 500, "A100-": 2}
+    grants:
+      - {id: oct, metric: gpu_hours, amount: 10, effective_at: "2026-10-05T00:00:00Z", rollover: true}
+  - tenant: team-b
+    period: day
+    gpu_hours: 400
+  - tenant: research
+    spend: "5.00"
+"""
+BUDGET_TENANTS_OLD = """\
+tenants:
+  - tenant: team-a
+    gpu_hours: 3
+    gpu_hours_by_model: {L40S-: 7}
+"""
+
 
 def seed(client: Any) -> list[dict[str, Any]]:
     documents = sample_documents()
@@ -207,7 +232,19 @@ def seed(client: Any) -> list[dict[str, Any]]:
     rule = IdleRule()
     for at in (RUN_OLD, RUN_NEW):
         store(client, evaluate(client, policies, at, rule, forecasts=False))
+    seed_budget_lines(client)
     return documents
+
+
+def seed_budget_lines(client: Any) -> None:
+    """What the insights job stores (dashboards.budget_report.budgets, no forecasts: the run rate)."""
+    grants = read_grants(client)
+    for at, text in ((RUN_OLD, BUDGET_TENANTS_OLD), (RUN_NEW, BUDGET_TENANTS)):
+        store_budgets(client, budgets(client, tenants_file(text), grants, at))
+
+
+def tenants_file(text: str) -> TenantsFile:
+    return TenantsFile.model_validate(yaml.safe_load(text))
 
 
 def seed_grants(client: Any) -> None:
@@ -433,44 +470,55 @@ def test_budget_grants_are_those_in_force_each_number_once_with_corrections(seed
         ("#3", "spend", Decimal(100), True, "2026-10", "")]
 
 
-def test_budget_limit_used_and_runway_from_forecast_or_run_rate(seeded: tuple[Any, list]) -> None:
-    client, documents = seeded
-    month_start = datetime(2026, 11, 1, tzinfo=UTC)
+def test_budget_lines_of_the_latest_run_with_grants_carry_and_per_model_keys(
+    seeded: tuple[Any, list]
+) -> None:
+    client, _ = seeded
+    title = "Budget: limit, grants, used and runway"
 
-    def used(tenant: str, kind_gpu: bool) -> Decimal:
-        chosen = [d for d in documents if d["tenant"] == tenant and month_start <= start_of(d)
-                  and hour_of(d) <= RANGE_TO and (d["kind"] == "gpu" or not kind_gpu)]
-        return sum(((unit_hours(d) if kind_gpu else list_cost(d)) for d in chosen), Decimal(0))
+    def utc(moment: datetime | None) -> datetime | None:
+        return None if moment is None else moment.replace(tzinfo=UTC)
 
-    # research: spend limit 5 at the run rate. 54 h into November; 5 - used lasts
-    # (5 - used) x 54 h / used from the range's end (the forecast's model is itself the run rate).
-    _, [row] = run(client, TENANT_DASHBOARD, "Budget: limit, used and runway", tenant=["research"])
-    spent = q(used("research", kind_gpu=False))
-    assert spent == Decimal("1.28")  # 16 CPUs x 2 h x 0.04
-    hours = (Decimal(5) - spent) * 54 / spent  # 156.9375 h
-    assert (row[0], row[1], q(row[2]), q(row[3]), q(row[4])) == (
-        "spend", "month", q(5), q(spent), q(Decimal(5) - spent))
-    assert (row[6], row[8]) == (pytest.approx(float(round(hours, 1))), "run-rate")
-    assert row[7].replace(tzinfo=UTC) == RANGE_TO + timedelta(hours=156, minutes=56, seconds=15)
+    def line(row: tuple) -> tuple:
+        return (*row[:8], row[9], utc(row[10]), row[11], utc(row[12]))
 
-    # team-a: gpu_hours 1000 by the Holt-Winters forecast made this month: Nov 10 12:00 is
-    # 7 days 6 h = 174 h after the range's end. spend 20000: the forecast never reaches it.
-    _, rows = run(client, TENANT_DASHBOARD, "Budget: limit, used and runway", tenant=["team-a"])
-    by_metric = {row[0]: row for row in rows}
-    gpu = by_metric["gpu_hours"]
-    assert q(gpu[3]) == q(used("team-a", kind_gpu=True)) and gpu[3] > 0
-    assert (gpu[6], gpu[7].replace(tzinfo=UTC), gpu[8]) == (174.0, datetime(2026, 11, 10, 12, tzinfo=UTC),
-                                                            "forecast")
-    assert q(gpu[4]) == q(1000 - used("team-a", kind_gpu=True))
-    spend = by_metric["spend"]
-    assert q(spend[3]) == q(used("team-a", kind_gpu=False))
-    assert (spend[6], spend[7], spend[8]) == (None, None, "forecast")
+    # team-a, November up to the 23:00 hour of Nov 2 (the rollup's hours up to the run, its last
+    # one whole): train-a1 2 GPUs x 48 h = 96 H100 GPU-hours, notebook-a3 1 x 2 h = 2 more,
+    # notebook-a2 0.142857142857 x 5 h = 0.714285714285 A100 GPU-hours; October: train-a1 2 x 2 h = 4.
+    # Tenant-wide: base 3; October's rollover grant of 10 carries min(10, 3 + 10 - 4) = 9; #7 adds 9:
+    # limit 21 of which 18 granted; 98.714285714285 used, so exhausted (runway 0, until the run).
+    # H100-SXM-80GB: 402 left at 98 per 47 h = 402 x 47 / 98 h = 192.7959... h (192.8), until
+    # 694065.306122 s after the run. A100-: 1.285714285715 left at 0.714285714285 per 47 h =
+    # 84.6000000001 h (84.6), until 304560.000000 s after. Per-model keys take no grants.
+    # The L40S- key of the older run is not shown.
+    _, rows = run(client, TENANT_DASHBOARD, title, tenant=["team-a"])
+    assert [line(row) for row in rows] == [
+        ("gpu_hours", "all", "2026-11", Decimal(3), Decimal(18), Decimal(21), Decimal("98.714285714285"),
+         Decimal("-77.714285714285"), Decimal(0), RUN_NEW, "run-rate", RUN_NEW),
+        ("gpu_hours", "A100-", "2026-11", Decimal(2), Decimal(0), Decimal(2), Decimal("0.714285714285"),
+         Decimal("1.285714285715"), Decimal("84.6"), RUN_NEW + timedelta(seconds=304560), "run-rate",
+         RUN_NEW),
+        ("gpu_hours", "H100-SXM-80GB", "2026-11", Decimal(500), Decimal(0), Decimal(500), Decimal(98),
+         Decimal(402), Decimal("192.8"), RUN_NEW + timedelta(seconds=694065, microseconds=306122),
+         "run-rate", RUN_NEW),
+    ]
+    assert rows[0][8] == pytest.approx(98.714285714285 / 21)
 
-    # team-b: a daily quota; its forecast was made the day before, so the run rate: nothing used
-    # on Nov 3 up to 06:00, so no rate to run out at.
-    _, [row] = run(client, TENANT_DASHBOARD, "Budget: limit, used and runway", tenant=["team-b"])
-    assert (row[0], row[1], q(row[3]), q(row[4]), row[6], row[8]) == (
-        "gpu_hours", "day", q(0), q(400), None, "run-rate")
+    # team-b, a daily quota, Nov 2 up to its 23:00 hour: infer-b2 4 GPUs x 40 x 10 min = 96000 s,
+    # infer-b1 1 x 18 x 10 min = 10800 s: 106800 s = 29.666... h (stored at 12 places). #1 (40
+    # after its correction) is of Nov 1, the day before, and no rollover: no grant counts. 370.33
+    # left at 29.67 per 23 h lasts beyond the day's last hour: no runway.
+    _, rows = run(client, TENANT_DASHBOARD, title, tenant=["team-b"])
+    assert [line(row) for row in rows] == [
+        ("gpu_hours", "all", "2026-11-02", Decimal(400), Decimal(0), Decimal(400), Decimal("29.666666666667"),
+         Decimal("370.333333333333"), None, None, "run-rate", RUN_NEW)]
+
+    # research: 16 CPUs x 2 h x 0.04 = 1.28 of 5.00; 3.72 left at 1.28 per 47 h: 3.72 x 47 / 1.28 =
+    # 136.59375 h (136.6), until 491737.5 s after the run.
+    _, rows = run(client, TENANT_DASHBOARD, title, tenant=["research"])
+    assert [line(row) for row in rows] == [
+        ("spend", "all", "2026-11", Decimal(5), Decimal(0), Decimal(5), Decimal("1.28"), Decimal("3.72"),
+         Decimal("136.6"), RUN_NEW + timedelta(seconds=491737, microseconds=500000), "run-rate", RUN_NEW)]
 
 
 def test_gpu_hours_by_model_this_month(seeded: tuple[Any, list]) -> None:

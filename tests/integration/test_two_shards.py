@@ -29,7 +29,7 @@ from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse
 from gpumeter.infra import kafka as gkafka
 from gpumeter.infra.schema import GRANTS
-from insights.tables import FORECASTS
+from insights.tables import BUDGET_LINES, FORECASTS
 from streams.sink import ClickHouseSink, connector
 from testkit.builders import random_samples, sample
 from testkit.clickhouse_cluster import TwoShards, two_shards
@@ -99,9 +99,10 @@ def panels(settings: Settings) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def seed_budget(settings: Settings) -> None:
-    """A grant per tenant in ``quota_grants`` (never sharded) and a forecast with a limit per
-    tenant (sharded by tenant) for the Tenant dashboard's Budget panels; the range ends on
-    December 1, so the forecasts are December's."""
+    """A grant per tenant in ``quota_grants`` (never sharded), a forecast with a limit per
+    tenant and two insights runs' budget lines per tenant (both sharded by tenant) for the Tenant
+    dashboard's Quota and Budget panels; the range ends on December 1, so the forecasts are
+    December's. The later run dropped the earlier one's per-model key: it shows on neither."""
     tenants = sorted({s["tenant"] for s in [*SAMPLES, FIRST]})
     grants = [GRANTS.row_from({
         "number": number, "tenant": tenant, "metric": "gpu_hours", "amount": Decimal(number),
@@ -114,10 +115,18 @@ def seed_budget(settings: Settings) -> None:
         "month_end_low": Decimal(0), "month_end_high": Decimal(0), "interval_level": Decimal("0.8"),
         "quota_period": "month", "quota_limit": Decimal(100), "quota_used": Decimal(0),
         "exhaust_probability": Decimal(0), "backtest_folds": 0}) for tenant in tenants]
+    line = {"period": PERIOD, "metric": "gpu_hours", "base_limit": Decimal(100), "limit": Decimal(100),
+            "runway_hours": None, "runway_until": None, "runway_source": "run-rate"}
+    lines = [BUDGET_LINES.row_from({
+        **line, "tenant": tenant, "model_key": key, "granted": Decimal(number), "used": Decimal(number),
+        "remaining": Decimal(100 - number), "computed_at": at})
+        for number, tenant in enumerate(tenants, start=1)
+        for key, at in (("", RANGE[0]), ("H100-", RANGE[0]), ("", RANGE[1]))]
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
         client.insert(GRANTS.name, grants, column_names=list(GRANTS.insert_columns))
         client.insert(FORECASTS.name, forecasts, column_names=list(FORECASTS.insert_columns))
+        client.insert(BUDGET_LINES.name, lines, column_names=list(BUDGET_LINES.insert_columns))
     finally:
         client.close()
 
@@ -187,8 +196,11 @@ def test_two_shards_give_one_nodes_figures_and_bill_a_cross_shard_duplicate_once
     for title, rows in on_one["panels"].items():
         assert on_shards["panels"][title] == rows, title
     assert any(on_one["panels"].values()), "the samples should show in the panels"
-    for budget in ("Budget grants", "Budget: limit, used and runway"):
+    for budget in ("Budget grants", "Budget: limit, grants, used and runway"):
         assert on_one["panels"][f"gpumeter-tenant:{budget}"], budget
+    # The later run's one line (the dropped key is not shown), on shards as on one node.
+    shown = on_shards["panels"]["gpumeter-tenant:Budget: limit, grants, used and runway"]
+    assert [row[:2] for row in shown] == [("gpu_hours", "all")]
 
     # The rows are spread: each shard holds usage, the two copies' tenants on different shards,
     # and the id's claims on exactly one (its hash's).

@@ -2,7 +2,9 @@
 quota exhaustion, and the backtest that decided which forecast to trust. Advice only.
 
 By default the results are published (advice events on gpumeter.advice.v1; rows in the advice,
-forecasts and insight_runs tables the dashboards read); ``--no-publish`` only prints.
+forecasts, budget_lines and insight_runs tables the dashboards read); ``--no-publish`` only prints.
+With the forecasts, every tenant's budget lines (limit, grants, used, remaining and runway per
+limit and GPU model key, as `gpumeter report` states them) are stored for the Tenant dashboard.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             sent = publish_advice(settings, result.idle)
             store(client, result)
             console.print(f"published {sent} advice event(s) to gpumeter.advice.v1; stored advice, "
-                          f"{len(result.forecasts)} forecast(s) and the run in ClickHouse")
+                          f"{len(result.forecasts)} forecast(s), {len(result.budgets)} budget line(s) "
+                          "and the run in ClickHouse")
         return 0
     finally:
         client.close()

@@ -46,7 +46,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             grants = read_grants(context.client)
         except ValueError as exc:  # quota_grants rows that do not add up (quota.grants.fold)
             raise Failure(f"quota_grants: {exc}") from None
-        result = evaluate(context.client, tenants, grants=grants)
+        result = evaluate(context.client, tenants, grants=grants, budget_lines=False)
         # Budgets as of the month's latest usage (its last instant once it is over).
         lines = budgets(context.client, tenants, grants, report_moment(period, result.at), result.forecasts)
         # Crossings and evictions (refusals are the extender's answers: not stored).

@@ -296,6 +296,28 @@ ORDER BY (tenant, period, metric);
 CREATE TABLE IF NOT EXISTS forecasts ON CLUSTER gpumeter_cluster AS forecasts_local
 ENGINE = Distributed(gpumeter_cluster, currentDatabase(), forecasts_local, cityHash64(tenant));
 
+CREATE TABLE IF NOT EXISTS budget_lines_local ON CLUSTER gpumeter_cluster (
+    tenant LowCardinality(String),
+    period LowCardinality(String),
+    metric LowCardinality(String),
+    model_key LowCardinality(String),
+    base_limit Decimal(38, 12),
+    granted Decimal(38, 12),
+    limit Decimal(38, 12),
+    used Decimal(38, 12),
+    remaining Decimal(38, 12),
+    runway_hours Nullable(Decimal(18, 1)),
+    runway_until Nullable(DateTime64(6, 'UTC')),
+    runway_source LowCardinality(String),
+    computed_at DateTime64(6, 'UTC'),
+    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/budget_lines_local', '{replica}', computed_at)
+ORDER BY (tenant, period, metric, model_key);
+
+CREATE TABLE IF NOT EXISTS budget_lines ON CLUSTER gpumeter_cluster AS budget_lines_local
+ENGINE = Distributed(gpumeter_cluster, currentDatabase(), budget_lines_local, cityHash64(tenant));
+
 CREATE TABLE IF NOT EXISTS insight_runs ON CLUSTER gpumeter_cluster (
     run_at DateTime64(6, 'UTC'),
     idle_pods UInt32,
