@@ -78,7 +78,8 @@ def test_a_node_names_request_is_answered_natively_byte_for_byte() -> None:
         args = read(body(sent, ascii_only=ascii_only))
         assert decide_filter(args, POLICY) == (
             b'{"Nodes":null,"NodeNames":["h100-a","quo\\"te","mystery","h100-a","\xc3\xbc-node",'
-            b'"back\\\\slash\\n"],"FailedNodes":{"l40s-b":"gpumeter: capacity: node has 1 free GPUs, pod needs 2"},'
+            b'"back\\\\slash\\n"],'
+            b'"FailedNodes":{"l40s-b":"gpumeter: capacity: node has 1 free GPUs, pod needs 2"},'
             b'"FailedAndUnresolvableNodes":{},"Error":""}')
         assert decide_prioritize_encoded(args, POLICY) == (
             b'[{"Host":"l40s-b","Score":0},{"Host":"h100-a","Score":10},{"Host":"quo\\"te","Score":5},'
