@@ -64,8 +64,10 @@ class MonthData:
 
 
 @contextmanager
-def billing(settings: Settings) -> Iterator[Billing]:
-    client = clickhouse.connect(settings.clickhouse.connection_dsn())
+def billing(settings: Settings, batch: bool = False) -> Iterator[Billing]:
+    """What a run needs; ``batch`` for the commands that read a whole month in one statement (its
+    client waits past the interactive timeout: clickhouse.BATCH_RECEIVE_TIMEOUT_S)."""
+    client = clickhouse.connect(settings.clickhouse.connection_dsn(), batch=batch)
     try:
         seller = tuple(line.strip() for line in settings.invoices.seller.split("|") if line.strip())
         yield Billing(load_rate_cards(settings.rate_cards), load_tenants(settings.tenants), client, seller)
@@ -160,7 +162,7 @@ def _batch(context: Billing, month: MonthData, tenants: list[str], period: str, 
 def issue_invoices(settings: Settings, period: str, tenant: str | None, fmt: str, out_dir: Path,
                    finalize: bool = False, paper: Paper = "A4") -> list[Path]:
     """`gpumeter invoice`: each tenant's invoice to hand out now, written to ``out_dir``."""
-    with billing(settings) as context:
+    with billing(settings, batch=True) as context:
         if finalize:
             close(context, period, [tenant] if tenant else None)
         month = MonthData.load(context.client, period, tenant)
@@ -173,6 +175,6 @@ def issue_invoices(settings: Settings, period: str, tenant: str | None, fmt: str
 def close_month(settings: Settings, period: str, fmt: str, out_dir: Path,
                 paper: Paper = "A4") -> list[tuple[Entry, Path]]:
     """`gpumeter invoice close`: issue the month's invoices and write each one issued now."""
-    with billing(settings) as context:
+    with billing(settings, batch=True) as context:
         return [(entry, write_invoice(entry.invoice, fmt, out_dir, context.cards, paper, context.seller))
                 for entry in close(context, period)]

@@ -112,8 +112,16 @@ def _checked(dsn: Dsn) -> Dsn:
     return dsn
 
 
-def connect(dsn: str | Dsn, create_database: bool = True, **settings: Any) -> Client:
-    """A clickhouse-connect client bound to the DSN's database (created when missing)."""
+# How long a client waits for a statement's answer. Workers, the API and the hooks get an answer
+# within it or fail fast. The month's batch commands (invoice close, report, reconcile, rerate)
+# read a whole month in one statement: minutes at fleet scale (docs/capacity.md), so they wait.
+RECEIVE_TIMEOUT_S = 60.0
+BATCH_RECEIVE_TIMEOUT_S = 6 * 3600.0
+
+
+def connect(dsn: str | Dsn, create_database: bool = True, batch: bool = False, **settings: Any) -> Client:
+    """A clickhouse-connect client bound to the DSN's database (created when missing); ``batch``:
+    one that waits BATCH_RECEIVE_TIMEOUT_S for an answer instead of RECEIVE_TIMEOUT_S."""
     target = parse_dsn(dsn) if isinstance(dsn, str) else dsn
     if target.scheme == "chdb":
         client = clickhouse_connect.get_client(dsn=f"chdb://{target.path}")
@@ -128,7 +136,7 @@ def connect(dsn: str | Dsn, create_database: bool = True, **settings: Any) -> Cl
         "password": target.password,
         "secure": target.scheme == "https",
         "connect_timeout": 5,
-        "send_receive_timeout": 60,
+        "send_receive_timeout": BATCH_RECEIVE_TIMEOUT_S if batch else RECEIVE_TIMEOUT_S,
         "settings": {**SESSION_SETTINGS, **settings},
     }
     try:

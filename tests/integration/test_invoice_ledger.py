@@ -19,9 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clickhouse_connect.driver.exceptions import OperationalError
 
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings, settings_env
+from gpumeter.infra import clickhouse
+from pricing import store
+from pricing.issue import close_month
 from testkit.builders import CARDS, L4, big_h100_user, sample
 from tests.integration.billing_data import configure, ingest_and_drain, ledger_rows, store_rated
 from tests.services import REPO, run_cli
@@ -376,3 +380,31 @@ def test_a_ledger_position_is_held_by_the_first_insert_only(settings: Settings) 
     finally:
         client.close()
     assert [(r["seq"], r["tenant"]) for r in ledger_rows(settings)] == [(1, "first")]
+
+
+def test_close_waits_for_a_month_read_longer_than_the_interactive_timeout(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At fleet scale the close's one read of the month takes minutes (docs/capacity.md); the
+    workers' and the API's client gives up after RECEIVE_TIMEOUT_S. The month read is made slower
+    than that timeout (shrunk to 1 s here) and the close still issues the invoices; a client of
+    the interactive kind gives up on the same wait."""
+    configure(settings, tmp_path, TENANTS)
+    store_rated(settings, solo_samples("solo", 2))
+    monkeypatch.setattr(clickhouse, "RECEIVE_TIMEOUT_S", 1.0)
+    slow = "SELECT sleepEachRow(1) FROM numbers(2)"  # 2 s, past the shrunk timeout
+    interactive = clickhouse.connect(settings.clickhouse.connection_dsn())
+    try:
+        with pytest.raises(OperationalError):
+            interactive.query(slow)
+    finally:
+        interactive.close()
+    reads = store.usage_lines_by_tenant
+
+    def slow_read(client: Any, period: str, tenant: str | list[str] | None = None) -> Any:
+        client.query(slow)
+        return reads(client, period, tenant)
+
+    monkeypatch.setattr(store, "usage_lines_by_tenant", slow_read)
+    issued = close_month(settings, "2026-11", "json", tmp_path / "out")
+    assert sorted(entry.invoice.tenant for entry, _ in issued) == ["research", "solo", "team-a"]

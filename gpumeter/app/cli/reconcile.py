@@ -24,7 +24,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from pricing.issue import billing
     from pricing.reconcile import reconcile
 
-    with billing(settings) as context:
+    with billing(settings, batch=True) as context:
         report = reconcile(context.client, context.cards, args.period)
     console = Console(highlight=False, width=160)
     table = Table("tenant", "lines", "samples", "invoiced unit-h", "rated unit-h", "re-rated unit-h",

@@ -36,7 +36,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     period: str = args.period
     console = Console(stderr=True)
     documents = []
-    with console.status(f"building the {period} report..."), billing(settings) as context:
+    with console.status(f"building the {period} report..."), billing(settings, batch=True) as context:
         month = MonthData.load(context.client, period)
         for tenant in billable_tenants(context, period, month):
             documents.append(invoice_for(context, tenant, period, prefetched=month).to_document())

@@ -32,7 +32,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from pricing.rerate import RerateRefused, apply, prepare
 
     console = Console(highlight=False, width=160)
-    with billing(settings) as context:
+    with billing(settings, batch=True) as context:
         try:
             prepared = prepare(context, args.period, args.tenant)
         except RerateRefused as exc:
@@ -42,7 +42,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(f"{verb} {args.period}", total=prepared.rows)
             dsn = settings.clickhouse.connection_dsn()
-            result = apply(context, prepared, lambda: clickhouse.connect(dsn),
+            result = apply(context, prepared, lambda: clickhouse.connect(dsn, batch=True),
                            dry_run=args.dry_run, advance=lambda rows: progress.advance(task, rows))
 
     title = f"rerate {result.period}" + (" (dry run: nothing written)" if result.dry_run else "")
