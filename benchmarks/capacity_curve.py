@@ -61,18 +61,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.month_end import PLAIN_AGGREGATE, free_port, patient_client, publish
+from benchmarks.month_end import PLAIN_AGGREGATE, free_port, open_database, patient_client, publish
 from benchmarks.pipeline import stored, wait_stored
 from benchmarks.result_file import write_results
 from collectors.sim.fleet import FleetConfig, SimulatedFleet
 from dashboards.panels import DASHBOARDS
-from gpumeter.app import schema
 from gpumeter.app.runtime import services
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core import jsonio
 from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.core.settings import Settings, load_settings
-from gpumeter.infra import clickhouse, kafka
+from gpumeter.infra import clickhouse
 from gpumeter.infra.rows import rated_row
 from gpumeter.infra.schema import EVENT_IDS
 from gpumeter.infra.tables import Topology
@@ -171,23 +170,7 @@ class Namespace:
 
 
 def open_namespace(base: Settings, level: str, tag: str, cluster: TwoShards | None = None) -> Namespace:
-    name = level.replace("-", "_")
-    settings = services.namespaced(base, f"capacity-{level}-{tag}.", f"capacity_{name}_{tag}",
-                                   f"gpumeter-capacity-{level}")
-    kafka.ensure_topics(settings.kafka)
-    if cluster is not None:
-        # DDL through the cluster's DDL path (ON CLUSTER); every other client talks to shard 1.
-        database = clickhouse.parse_dsn(settings.clickhouse.dsn).database
-        settings.clickhouse.cluster, settings.clickhouse.sharded = cluster.topology.cluster, True
-        migrating = clickhouse.connect(f"{cluster.url}/{database}")
-        try:
-            schema.migrate(migrating, cluster.topology)
-        finally:
-            migrating.close()
-        settings.clickhouse.dsn = f"{cluster.node_urls()[0]}/{database}"
-    client = clickhouse.connect(settings.clickhouse.dsn, create_database=cluster is None)
-    if cluster is None:
-        schema.migrate(client)
+    settings, client = open_database(base, "capacity", level, tag, cluster)
     worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-capacity-{level}-{tag}.log", "warn")
     return Namespace(level, settings, client, worker, sharded=cluster is not None)
 

@@ -237,9 +237,18 @@ class Side:
 
 
 def open_side(base: Settings, level: str, tag: str, cluster: TwoShards | None = None) -> Side:
-    name = level.replace("-", "_")
-    settings = services.namespaced(base, f"month-end-{level}-{tag}.", f"month_end_{name}_{tag}",
-                                   f"gpumeter-month-end-{level}")
+    settings, client = open_database(base, "month-end", level, tag, cluster)
+    worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-month-end-{level}-{tag}.log", "warn")
+    return Side(level, settings, client, worker, sharded=cluster is not None)
+
+
+def open_database(base: Settings, benchmark: str, level: str, tag: str,
+                  cluster: TwoShards | None = None) -> tuple[Settings, Any]:
+    """Settings and a client for one side of a benchmark: its own topics and database, migrated
+    (on ``cluster``: through its DDL path, then every client on shard 1)."""
+    own_database = f"{benchmark}_{level}_{tag}".replace("-", "_")
+    settings = services.namespaced(base, f"{benchmark}-{level}-{tag}.", own_database,
+                                   f"gpumeter-{benchmark}-{level}")
     kafka.ensure_topics(settings.kafka)
     if cluster is not None:
         # DDL through the cluster's DDL path (ON CLUSTER); every other client talks to shard 1.
@@ -254,8 +263,7 @@ def open_side(base: Settings, level: str, tag: str, cluster: TwoShards | None = 
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=cluster is None)
     if cluster is None:
         schema.migrate(client)
-    worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-month-end-{level}-{tag}.log", "warn")
-    return Side(level, settings, client, worker, sharded=cluster is not None)
+    return settings, client
 
 
 PLAIN_AGGREGATE = (

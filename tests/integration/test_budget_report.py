@@ -49,13 +49,20 @@ tenants:
 """
 
 
-def seed(settings: Settings) -> None:
+def usage_documents() -> list[dict[str, Any]]:
+    """team-a's samples: 30 GPU-hours in October (the rollover's period), then in November 10 h
+    of 2 H100s and 5 h of one A100."""
     documents = [sample(f"oct-{i}", start=datetime(2026, 10, 20, tzinfo=UTC) + timedelta(hours=i),
                         pod="old", pod_uid="uid-old") for i in range(30)]
     documents += [sample(f"h100-{i}", start=datetime(2026, 11, 1, i, tzinfo=UTC), quantity="2")
                   for i in range(10)]
     documents += [sample(f"a100-{i}", start=datetime(2026, 11, 1, i, tzinfo=UTC), gpu_model="A100-SXM-40GB",
                          pod="a100", pod_uid="uid-a100") for i in range(5)]
+    return documents
+
+
+def seed(settings: Settings) -> None:
+    documents = usage_documents()
     rater = Rater(card_set(shipped_rate_card_documents()))
     rows = [RATED_USAGE.row_of(rater.rate(UsageSample.model_validate(d))) for d in documents]
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
@@ -172,12 +179,7 @@ def test_gpumeter_insights_stores_the_lines_budget_show_prints(
                       "--effective", "2026-11-01T00:00:00Z")
     assert granted.returncode == 0, granted.stderr
     worker = worker_factory(settings)
-    documents = [sample(f"oct-{i}", start=datetime(2026, 10, 20, tzinfo=UTC) + timedelta(hours=i),
-                        pod="old", pod_uid="uid-old") for i in range(30)]
-    documents += [sample(f"h100-{i}", start=datetime(2026, 11, 1, i, tzinfo=UTC), quantity="2")
-                  for i in range(10)]
-    documents += [sample(f"a100-{i}", start=datetime(2026, 11, 1, i, tzinfo=UTC), gpu_model="A100-SXM-40GB",
-                         pod="a100", pod_uid="uid-a100") for i in range(5)]
+    documents = usage_documents()
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps(d) + "\n" for d in documents))
     ingested = run_cli(settings, "ingest", str(samples))
