@@ -69,6 +69,8 @@ class Facts:
     max_gpus_by_model: Mapping[str, Decimal] = field(default_factory=dict)
     held_by_key: Mapping[str, Decimal] = field(default_factory=dict)  # as ``held``, per model key
     extender: ExtenderAnswer | None = None
+    # MIG devices and shared replicas it asks: quotas hold such a pod, max_gpus and fit do not.
+    gpu_devices: int = 0
 
 
 def kind_of(reason: str) -> str:
@@ -179,6 +181,7 @@ def explain(facts: Facts) -> dict[str, Any]:
         "phase": facts.phase,
         "node": facts.node,
         "gpus": facts.gpus,
+        "gpu_devices": facts.gpu_devices,
         "tenant": facts.tenant,
         "on_exceed": facts.on_exceed,
         "quotas": [

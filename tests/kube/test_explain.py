@@ -104,6 +104,7 @@ def test_explain_pod_says_quota_capacity_or_fits_as_the_running_extender_answers
         core = k8s.CoreV1Api(api)
         for name, gpus in (("over-quota", 8), ("too-wide", 5), ("fits", 2), ("cpu-only", 0)):
             core.create_namespaced_pod(ns, pod_manifest(name, gpus=gpus, pool=ns))
+        core.create_namespaced_pod(ns, pod_manifest("mig", pool=ns, extra={"nvidia.com/mig-1g.10gb": "1"}))
 
     # 8 GPUs asked, 0 held, max_gpus 6: 0 + 8 - 6 = 2 GPUs must be freed; refused on every node.
     quota = explain_json(hooks, f"{ns}/over-quota")
@@ -127,6 +128,12 @@ def test_explain_pod_says_quota_capacity_or_fits_as_the_running_extender_answers
     fits = explain_json(hooks, f"{ns}/fits")
     assert fits["held_by"] == [] and fits["extender"]["passed"] == [node] and fits["would_change"] == []
 
+    # A MIG pod is a GPU pod (contract 6 as amended): its tenant's quotas hold it or not; it takes
+    # no whole GPU, so neither capacity nor max_gpus does.
+    mig = explain_json(hooks, f"{ns}/mig")
+    assert mig["gpus"] == 0 and mig["gpu_devices"] == 1
+    assert mig["held_by"] == [] and mig["extender"]["passed"] == [node]
+
     text = gpumeter(hooks, "explain", "pod", f"{ns}/over-quota")
     assert text.returncode == 0, text.stderr
     assert "held by: quota" in text.stdout
@@ -142,6 +149,6 @@ def test_explain_pod_says_quota_capacity_or_fits_as_the_running_extender_answers
     # Bad input: one line on stderr, exit 2.
     for argument, said in (("not-a-pod", "expected NS/NAME"),
                            (f"{ns}/missing", f"pod {ns}/missing not found"),
-                           (f"{ns}/cpu-only", "requests no nvidia.com/gpu")):
+                           (f"{ns}/cpu-only", "requests no GPU device")):
         bad = gpumeter(hooks, "explain", "pod", argument)
         assert bad.returncode == 2 and said in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad

@@ -62,7 +62,7 @@ def gather(settings: Settings, namespace: str, name: str) -> Facts:
     from kubernetes.config import ConfigException
 
     from scheduler_hooks.cluster.feeds import kube_api_client
-    from scheduler_hooks.cluster.kube_json import WireError, pod_gpus
+    from scheduler_hooks.cluster.kube_json import WireError, pod_gpu_requests
 
     try:
         api = kube_api_client()
@@ -73,18 +73,18 @@ def gather(settings: Settings, namespace: str, name: str) -> Facts:
         pod = _read(api, lambda: core.read_namespaced_pod(name, namespace), f"pod {namespace}/{name}")
         ns = _read(api, lambda: core.read_namespace(namespace), f"namespace {namespace}")
         try:
-            gpus = pod_gpus(pod.get("spec") or {})
+            gpus, devices = pod_gpu_requests(pod.get("spec") or {})
         except WireError as exc:
             raise UsageError(f"pod {namespace}/{name}: {exc}") from None
-        if gpus <= 0:
-            raise UsageError(f"pod {namespace}/{name} requests no nvidia.com/gpu: gpumeter holds only "
-                             "GPU pods")
+        if gpus <= 0 and devices <= 0:
+            raise UsageError(f"pod {namespace}/{name} requests no GPU device (nvidia.com/gpu, a MIG "
+                             "device or a shared replica): gpumeter holds only GPU pods")
         nodes = _listed(api, core.list_node)
         namespaces = _listed(api, core.list_namespace)
         pods = _listed(api, lambda: core.list_pod_for_all_namespaces(field_selector="spec.nodeName!="))
     finally:
         api.close()
-    return _facts(settings, pod, ns, gpus, nodes, namespaces, pods)
+    return _facts(settings, pod, ns, gpus, devices, nodes, namespaces, pods)
 
 
 def _read(api: Any, call: Any, what: str) -> dict[str, Any]:
@@ -117,8 +117,8 @@ def _listed(api: Any, call: Any) -> list[dict[str, Any]]:
 Json = dict[str, Any]
 
 
-def _facts(settings: Settings, pod: Json, ns: Json, gpus: int, nodes: list[Json], namespaces: list[Json],
-           pods: list[Json]) -> Facts:
+def _facts(settings: Settings, pod: Json, ns: Json, gpus: int, devices: int, nodes: list[Json],
+           namespaces: list[Json], pods: list[Json]) -> Facts:
     from gpumeter.core import kube
     from scheduler_hooks.cluster.state import watched_namespace, watched_node, watched_pod
 
@@ -149,7 +149,7 @@ def _facts(settings: Settings, pod: Json, ns: Json, gpus: int, nodes: list[Json]
     names = [n["metadata"]["name"] for n in nodes
              if all((n["metadata"].get("labels") or {}).get(k) == v for k, v in selector.items())]
     return Facts(
-        namespace=namespace, name=name, gpus=gpus,
+        namespace=namespace, name=name, gpus=gpus, gpu_devices=devices,
         phase=str((pod.get("status") or {}).get("phase") or "Unknown"), node=spec.get("nodeName") or None,
         tenant=tenant, on_exceed=policy.on_exceed if policy else None, blocked=blocked, quotas=quotas,
         period_end=period_end, max_gpus=policy.max_gpus if policy else None, held=held,
