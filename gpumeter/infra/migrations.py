@@ -26,7 +26,7 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from gpumeter.infra import claims
-from gpumeter.infra.tables import SINGLE_NODE, Column, SchemaOwner, Table, Topology
+from gpumeter.infra.tables import SINGLE_NODE, Column, CopyByPartition, SchemaOwner, Table, Topology
 
 LOCK_TIMEOUT_SECONDS = 300.0
 LEASE_SECONDS = 3600
@@ -153,14 +153,23 @@ def migrate(client: Client, owners: Sequence[SchemaOwner], topology: Topology = 
                     client.command(statement)
             else:
                 for migration in missing:
-                    for statement in migration.statements:
-                        client.command(statement)
+                    for step in migration.statements:
+                        run_statement(client, step)
                     _record(client, owner, [migration.version])
                     applied.append(f"{owner.owner}/{migration.version}")
                 continue
             _record(client, owner, [m.version for m in missing])
             applied.extend(f"{owner.owner}/{m.version}" for m in missing)
         return applied
+
+
+def run_statement(client: Client, statement: str | CopyByPartition) -> None:
+    """One step of a migration: a statement, or a copy made one partition at a time."""
+    if isinstance(statement, str):
+        client.command(statement)
+        return
+    for key in client.query(statement.keys_sql()).result_rows:
+        client.command(statement.insert_sql(), parameters={f"k{i}": value for i, value in enumerate(key)})
 
 
 def _record(client: Client, owner: SchemaOwner, versions: list[int]) -> None:

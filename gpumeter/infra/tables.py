@@ -120,6 +120,8 @@ class Table:
     dedup_window: int | None = None
     # The sharding expression on a sharded cluster; None: never sharded (one replica set).
     shard_by: str | None = None
+    # Data-skipping indexes, each as declared in a CREATE: "INDEX <name> <expr> TYPE ... GRANULARITY n".
+    indexes: tuple[str, ...] = ()
     _getter: Callable[[Any], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -183,7 +185,7 @@ class Table:
         return ", ".join(settings) or None
 
     def _create(self, name: str, engine: str, settings: str | None, on_cluster: str) -> str:
-        body = ",\n    ".join(column.ddl for column in self.columns)
+        body = ",\n    ".join((*(column.ddl for column in self.columns), *self.indexes))
         sql = f"CREATE TABLE IF NOT EXISTS {name}{on_cluster} (\n    {body}\n)\nENGINE = {engine}"
         if self.primary_key is not None:
             sql += f"\nPRIMARY KEY {self.primary_key}"
@@ -232,12 +234,39 @@ class View:
 
 
 @dataclass(frozen=True)
+class CopyByPartition:
+    """A migration step: ``INSERT INTO target SELECT * FROM source`` as one insert per value of
+    ``by`` (expressions over ``source``'s columns that decide ``target``'s partition), so that each
+    insert fills one partition of ``target``. One INSERT SELECT of a large table would split every
+    block of ~a million rows across all the partitions it spans (a block of one tenant's month
+    spans ~8 days): thousands of small parts per partition, until the engine refuses the insert
+    (``parts_to_throw_insert``). ``where`` narrows each insert further for pruning (``source``'s
+    own partition key). Re-runnable as the statements around it make it (the target emptied first)."""
+
+    source: str
+    target: str
+    by: str
+    where: str | None = None
+
+    def keys_sql(self) -> str:
+        """The values of ``by`` present in ``source`` (with ``where``'s columns), one row each."""
+        group = self.by if self.where is None else f"{self.where}, {self.by}"
+        return f"SELECT DISTINCT {group} FROM {self.source} ORDER BY {group}"
+
+    def insert_sql(self) -> str:
+        """One insert, for the key row bound as parameters ``k0``, ``k1``, ..."""
+        expressions = [self.by] if self.where is None else [self.where, self.by]
+        condition = " AND ".join(f"{expression} = %(k{i})s" for i, expression in enumerate(expressions))
+        return f"INSERT INTO {self.target} SELECT * FROM {self.source} WHERE {condition}"
+
+
+@dataclass(frozen=True)
 class Migration:
     """One forward-only step of one owner's schema: never edit one that has shipped."""
 
     version: int
     name: str
-    statements: tuple[str, ...]
+    statements: tuple[str | CopyByPartition, ...]
 
 
 @dataclass(frozen=True)

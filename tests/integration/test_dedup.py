@@ -20,7 +20,7 @@ import pytest
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
-from gpumeter.infra.schema import EVENT_IDS_V5, PIPELINE, RATED_USAGE
+from gpumeter.infra.schema import EVENT_IDS_V5, PIPELINE, RATED_USAGE, RATED_USAGE_V4
 from gpumeter.infra.tables import Topology
 from testkit.builders import sample
 from tests.integration.invoice_checks import count_rows, publish_lines
@@ -122,7 +122,7 @@ def test_ids_with_tabs_newlines_and_backslashes_are_found_again(settings: Settin
     assert count_rows(settings, "SELECT count() FROM rated_usage") == 5
 
 
-OLD_KEY_RATED_USAGE = RATED_USAGE.create_sql().replace(
+OLD_KEY_RATED_USAGE = RATED_USAGE_V4.create_sql().replace(
     "ORDER BY (tenant, window_start, event_id)", "ORDER BY (tenant, event_id)")
 # What later pipeline migrations added beside event_ids, dropped to rewind a database.
 LATER_THAN_6 = ("DROP VIEW IF EXISTS event_id_hashes_mv", "DROP TABLE IF EXISTS event_id_hashes")
@@ -139,8 +139,8 @@ def rewind_to_pipeline_3(settings: Settings) -> None:
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 4")
         client.command(OLD_KEY_RATED_USAGE)
         migration_1 = next(m for m in PIPELINE.migrations if m.version == 1)
-        for statement in migration_1.statements[1:]:  # dead letters, rollup and its view as shipped
-            client.command(statement)
+        for step in migration_1.statements[1:]:  # dead letters, rollup and its view as shipped
+            migrations.run_statement(client, step)
         assert "ORDER BY (tenant, event_id)" in clickhouse.scalar(client, CREATE_QUERY)
         # 3 tenants x 2 months x 500 rows, inserted the way the sink does (the view fills the rollup).
         client.command(
@@ -200,8 +200,8 @@ RECORDED_IDS = (
 
 def rerun(client: Any, version: int) -> None:
     """Run a migration's statements again, as after a failure part-way."""
-    for statement in next(m for m in PIPELINE.migrations if m.version == version).statements:
-        client.command(statement)
+    for step in next(m for m in PIPELINE.migrations if m.version == version).statements:
+        migrations.run_statement(client, step)
 
 
 def assert_id_7_is_found(settings: Settings) -> None:
@@ -227,7 +227,7 @@ def assert_id_7_is_found(settings: Settings) -> None:
 def test_event_ids_move_from_key_value_to_a_hash_ordered_table_with_every_id_once(settings: Settings) -> None:
     """A database at pipeline migration 4 (event_ids in EmbeddedRocksDB) with ids: migration 5."""
     migration_4 = next(m for m in PIPELINE.migrations if m.version == 4)
-    key_value = next(s for s in migration_4.statements if "EmbeddedRocksDB" in s)
+    key_value = next(s for s in migration_4.statements if isinstance(s, str) and "EmbeddedRocksDB" in s)
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
         for statement in (*LATER_THAN_6, "DROP TABLE event_ids", key_value):

@@ -57,7 +57,7 @@ def test_replicated_tables_live_under_their_shard_with_their_replica() -> None:
     assert ("ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/advice', '{replica}', "
             "detected_at)") in tables["advice"]
     # Replicated tables keep their insert tokens in Keeper: the window is the replicated one.
-    assert "SETTINGS replicated_deduplication_window = 10000" in tables["rated_usage"]
+    assert "replicated_deduplication_window = 10000" in tables["rated_usage"]
     assert "non_replicated_deduplication_window" not in tables["rated_usage"]
 
 

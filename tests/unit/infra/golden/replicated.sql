@@ -46,12 +46,13 @@ CREATE TABLE IF NOT EXISTS rated_usage ON CLUSTER gpumeter_cluster (
     labels Map(String, String),
     source_partition Int32 DEFAULT -1,
     source_offset Int64 DEFAULT -1,
-    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3)
+    inserted_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    INDEX period_minmax period TYPE minmax GRANULARITY 1
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/rated_usage', '{replica}')
-PARTITION BY period
+PARTITION BY toYYYYMMDD(window_start)
 ORDER BY (tenant, window_start, event_id)
-SETTINGS replicated_deduplication_window = 10000;
+SETTINGS min_age_to_force_merge_seconds = 3600, min_age_to_force_merge_on_partition_only = 1, replicated_deduplication_window = 10000;
 
 CREATE TABLE IF NOT EXISTS dead_letters ON CLUSTER gpumeter_cluster (
     reason_code LowCardinality(String),
