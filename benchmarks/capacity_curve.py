@@ -372,9 +372,26 @@ def measure(ns: Namespace, empty: Namespace, rounds: list[list[dict[str, Any]]],
     heaviest = max(panels, key=lambda k: panels[k]) if panels else None
     out.update({"panels_s": panels, "heaviest_panel": heaviest,
                 "heaviest_panel_s": panels[heaviest] if heaviest else None})
+    if not ns.sharded:
+        # Every day of a closed month as the engine leaves it an hour after the day's last
+        # insert (rated_usage's min_age_to_force_merge): one part a day. The fill's rows all fall
+        # on the month's first day(s), so the close above read them as the month's last day is
+        # read at its end (several parts, merged by FINAL); this is the other 29 days.
+        with console.status(f"{ns.rows:,} rows: each day merged into one part, as a closed month's are..."):
+            out["force_merge_s"] = force_merge(ns)
+            out["close_closed_days"] = close_times(ns)
     out["disk"] = disk_per_row(ns.client)
     out["load_after"] = list(os.getloadavg())
     return out
+
+
+def force_merge(ns: Namespace) -> float:
+    """What min_age_to_force_merge does to each day an hour after its last insert, done now."""
+    patient = patient_client(ns.settings.clickhouse.dsn)
+    try:
+        return timed_query(patient, "OPTIMIZE TABLE rated_usage FINAL")
+    finally:
+        patient.close()
 
 
 def summary(level: str, m: dict[str, Any]) -> Table:
@@ -397,6 +414,12 @@ def summary(level: str, m: dict[str, Any]) -> Table:
     else:
         table.add_row("invoice close",
                       f"FAILED after {close['close_failed_after_s']:.0f} s: {close['close_error']}")
+    closed = m.get("close_closed_days")
+    if closed and "close_s" in closed:
+        table.add_row(f"  each day in one part (merged in {m['force_merge_s']:.0f} s)",
+                      f"{closed['close_s']:.2f} s; plain aggregate {closed['plain_aggregate_s']:.2f} s, "
+                      f"FINAL aggregate {closed['final_aggregate_s']:.2f} s; "
+                      f"close / plain {closed['close_vs_plain']:.2f} (goal <= 1.5)")
     if m["heaviest_panel"]:
         table.add_row("heaviest panel", f"{m['heaviest_panel']}: {m['heaviest_panel_s']:.2f} s")
     table.add_row("disk bytes per row", ", ".join(
