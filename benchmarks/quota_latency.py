@@ -1,7 +1,7 @@
 """Quota enforcement latency: a crossing produced -> its eviction reaching the API server.
 
     .venv/bin/python -m benchmarks.quota_latency [--crossings 200] [--pace 0.1] [--skip-pipeline]
-        [--fleet-nodes 1250 | --quiet] [--window-seconds 15]
+        [--fleet-nodes 1250 | --quiet] [--window-seconds 15] [--workers 1]
 
 Everything real, on this machine: Kafka and ClickHouse from `gpumeter up` (started if
 needed, in a namespace of topics and a database of its own, dropped afterwards), and the test
@@ -625,9 +625,9 @@ class Processes:
         self.marks_queue: Any = MP.Queue()
         self.marks: dict[str, dict[str, float]] = {}  # the actuator's stage marks, once it stopped
         self.actuator: Any = None
-        self.worker: WorkerProcess | None = None
+        self.workers: list[WorkerProcess] = []
 
-    def start(self, settings: Settings, kube: Kube, tenants_file: Path, worker_log: Path | None) -> None:
+    def start(self, settings: Settings, kube: Kube, tenants_file: Path, worker_logs: list[Path]) -> None:
         self.actuator = MP.Process(
             target=_actuator_main,
             args=(settings.model_dump_json(), str(kube.kubeconfig), str(tenants_file), self.stop,
@@ -635,8 +635,9 @@ class Processes:
             daemon=True,
         )
         self.actuator.start()
-        if worker_log is not None:
-            self.worker = WorkerProcess(settings, worker_log, "warn").start()
+        # One consumer group: the samples topic's partitions (and the quota ledgers with them)
+        # are shared between the workers, as replicas of the chart's worker Deployment share them.
+        self.workers = [WorkerProcess(settings, log, "warn").start() for log in worker_logs]
 
     def close(self) -> None:
         self.stop.set()
@@ -645,8 +646,8 @@ class Processes:
             with contextlib.suppress(queue.Empty):
                 self.marks = self.marks_queue.get(timeout=30)
             self.actuator.join(timeout=30)
-        if self.worker is not None:
-            self.worker.stop()
+        for worker in self.workers:
+            worker.stop()
 
 
 def measure(
@@ -699,11 +700,13 @@ def main(argv: list[str] | None = None) -> int:
                              "while measuring (1,250 = 10,000 GPUs); 0: none")
     parser.add_argument("--quiet", action="store_true", help="no background fleet (= --fleet-nodes 0)")
     parser.add_argument("--window-seconds", type=int, default=15, help="the fleet's window")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="`gpumeter worker` processes sharing the samples topic (one consumer group)")
     args = parser.parse_args(argv)
     if args.quiet:
         args.fleet_nodes = 0
-    if args.fleet_nodes < 0 or args.window_seconds <= 0:
-        parser.error("--fleet-nodes must be >= 0 and --window-seconds positive")
+    if args.fleet_nodes < 0 or args.window_seconds <= 0 or args.workers < 1:
+        parser.error("--fleet-nodes must be >= 0, --window-seconds and --workers positive")
 
     base = load_settings()
     with console.status("starting local services..."):
@@ -740,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg()[0],
         "background": f"fleet of {args.fleet_nodes * 8:,} GPUs" if args.fleet_nodes else "quiet",
+        "workers": args.workers,
     }
     try:
         with control_plane(workdir / "kube") as kube, kube.api_client() as api:
@@ -755,7 +759,8 @@ def main(argv: list[str] | None = None) -> int:
             sent: dict[str, float] = {}
             fleet: BackgroundFleet | None = None
             try:
-                processes.start(settings, kube, tenants_file, workdir / "worker.log" if piped else None)
+                processes.start(settings, kube, tenants_file,
+                                [workdir / f"worker-{i}.log" for i in range(args.workers)] if piped else [])
                 if args.fleet_nodes:
                     fleet = BackgroundFleet(settings, args.fleet_nodes, args.window_seconds)
                     with console.status(f"the fleet ({fleet.gpus:,} GPUs) publishing its first "
@@ -794,7 +799,7 @@ def report(results: dict[str, Any]) -> None:
         "p99 / raw",
         title_justify="left",
         title=f"quota enforcement latency, {results['crossings']} crossings each, grace 0, "
-              f"background: {results['background']}",
+              f"background: {results['background']}, {results.get('workers', 1)} worker(s)",
     )
     rows = [
         ("raw Kafka hop (produce -> consume)", "raw_kafka"),
@@ -841,7 +846,8 @@ def report(results: dict[str, Any]) -> None:
             f"crossing -> eviction p99 {p99 * 1000:,.0f} ms (target < {TARGET_P99_S * 1000:,.0f} ms: "
             f"{'met' if p99 < TARGET_P99_S else 'NOT met'}), {ratio:.1f} x the raw Kafka hop's p99 "
             f"{results['raw_kafka']['p99_s'] * 1000:,.1f} ms (target <= {TARGET_P99_RATIO:.0f} x: "
-            f"{'met' if ratio <= TARGET_P99_RATIO else 'NOT met'}); background: {results['background']}")
+            f"{'met' if ratio <= TARGET_P99_RATIO else 'NOT met'}); background: {results['background']}, "
+            f"{results.get('workers', 1)} worker(s)")
     console.print(
         f"{results['cpus']} CPUs; 1-minute load average {results['load_average_before']:.1f} before, "
         f"{results['load_average_after']:.1f} after"
