@@ -60,6 +60,28 @@ fn load8(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(word)
 }
 
+/// `a == b` without a call to libc's memcmp (most of a hot lookup's name check, names being
+/// short): lengths, then 8-byte words, the last one overlapping; under 8 bytes, `load_short`'s
+/// word, which holds every byte of a text that short.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n < 8 {
+        return load_short(a) == load_short(b);
+    }
+    let mut at = 0;
+    while at + 8 < n {
+        if load8(a, at) != load8(b, at) {
+            return false;
+        }
+        at += 8;
+    }
+    load8(a, n - 8) == load8(b, n - 8)
+}
+
 impl Hasher for NameHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
@@ -147,10 +169,6 @@ fn u32_of(value: usize) -> u32 {
     u32::try_from(value).expect("fit pieces beyond 4 GiB")
 }
 
-fn read_u32(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-}
-
 /// Names to their pieces (module doc).
 pub struct Table {
     arena: Vec<u8>,
@@ -184,20 +202,15 @@ impl Table {
     /// The record at `offset`: (its name, its pieces).
     #[inline(always)]
     fn record(&self, offset: usize) -> (&[u8], Record<'_>) {
-        let arena = &self.arena[offset..];
-        let name_len = read_u32(arena, 0) as usize;
-        let host_len = read_u32(arena, 4) as usize;
-        let failed_len = read_u32(arena, 8);
-        let slot = read_u32(arena, 12);
-        let host_at = HEADER + name_len;
-        let failed_at = host_at + host_len;
-        let failed = (failed_len != NO_FAILED).then(|| &arena[failed_at..failed_at + failed_len as usize]);
-        let record = Record {
-            slot,
-            host: &arena[host_at..failed_at],
-            failed,
-        };
-        (&arena[HEADER..host_at], record)
+        let (header, texts) = self.arena[offset..].split_at(HEADER);
+        let header: &[u8; HEADER] = header.try_into().expect("a whole header");
+        let word =
+            |at: usize| u32::from_le_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+        let (name_len, host_len, failed_len, slot) = (word(0) as usize, word(4) as usize, word(8), word(12));
+        let (name, rest) = texts.split_at(name_len);
+        let (host, rest) = rest.split_at(host_len);
+        let failed = (failed_len != NO_FAILED).then(|| &rest[..failed_len as usize]);
+        (name, Record { slot, host, failed })
     }
 
     fn record_size(&self, offset: usize) -> usize {
@@ -205,25 +218,22 @@ impl Table {
         HEADER + name.len() + record.host.len() + record.failed.map_or(0, <[u8]>::len)
     }
 
-    /// The index position of `name`'s entry, probing from `from`.
-    #[inline]
-    fn find_from(&self, name: &str, hash: u64, from: usize) -> Option<usize> {
+    /// The index position of `name`'s entry.
+    fn find(&self, name: &str, hash: u64) -> Option<usize> {
         let (mask, wanted) = (self.mask(), fingerprint(hash));
-        let mut at = from & mask;
+        let mut at = wanted as usize & mask;
         loop {
             let entry = self.index[at];
             if entry == EMPTY {
                 return None;
             }
-            if entry_fingerprint(entry) == wanted && self.record(entry_offset(entry)).0 == name.as_bytes() {
+            if entry_fingerprint(entry) == wanted
+                && same_bytes(self.record(entry_offset(entry)).0, name.as_bytes())
+            {
                 return Some(at);
             }
             at = (at + 1) & mask;
         }
-    }
-
-    fn find(&self, name: &str, hash: u64) -> Option<usize> {
-        self.find_from(name, hash, fingerprint(hash) as usize)
     }
 
     #[cfg(test)]
@@ -364,6 +374,7 @@ impl Table {
     ) {
         let mask = self.mask();
         let mut items = items.peekable();
+        // Each item, its name's hash, the first index entry of the hash's fingerprint (or EMPTY).
         let mut block = [(T::default(), 0u64, EMPTY); BLOCK];
         while items.peek().is_some() {
             // 1: hash the block's names, prefetch their home index lines.
@@ -379,17 +390,15 @@ impl Table {
             for (_, hash, candidate) in block.iter_mut() {
                 let wanted = fingerprint(*hash);
                 let mut at = wanted as usize & mask;
-                loop {
+                *candidate = loop {
                     let entry = self.index[at];
                     if entry == EMPTY || entry_fingerprint(entry) == wanted {
-                        *candidate = if entry == EMPTY { EMPTY } else { at as u64 + 1 };
-                        break;
+                        break entry;
                     }
                     at = (at + 1) & mask;
-                }
+                };
                 if *candidate != EMPTY {
-                    let offset = entry_offset(self.index[*candidate as usize - 1]);
-                    let record = self.arena.as_ptr().wrapping_add(offset);
+                    let record = self.arena.as_ptr().wrapping_add(entry_offset(*candidate));
                     prefetch(record);
                     prefetch(record.wrapping_add(64));
                 }
@@ -400,12 +409,12 @@ impl Table {
                 let found = if candidate == EMPTY {
                     None
                 } else {
-                    let at = candidate as usize - 1;
-                    let (held, record) = self.record(entry_offset(self.index[at]));
-                    if held == name.as_bytes() {
+                    let (held, record) = self.record(entry_offset(candidate));
+                    if same_bytes(held, name.as_bytes()) {
                         Some(record)
                     } else {
-                        self.find_from(name, hash, at + 1)
+                        // Another name of the same fingerprint first: the plain lookup (rare).
+                        self.find(name, hash)
                             .map(|at| self.record(entry_offset(self.index[at])).1)
                     }
                 };
@@ -625,6 +634,24 @@ mod tests {
         // Slots stay distinct among the held names.
         let slots: HashSet<u32> = model.values().map(|held| held.2).collect();
         assert_eq!(slots.len(), model.len());
+    }
+
+    #[test]
+    fn same_bytes_is_equality() {
+        let text: Vec<u8> = (0..40u8).map(|i| b'a' + i % 26).collect();
+        for len in 0..=text.len() {
+            let a = &text[..len];
+            assert!(same_bytes(a, a), "{len}");
+            assert!(
+                !same_bytes(a, &text[..len.saturating_sub(1)]) || len == 0,
+                "{len}"
+            );
+            for at in 0..len {
+                let mut b = a.to_vec();
+                b[at] ^= 0x20;
+                assert!(!same_bytes(a, &b), "{len} differing at {at}");
+            }
+        }
     }
 
     #[test]
