@@ -253,7 +253,7 @@ impl Pieces {
         let mut out = Vec::with_capacity(names.text.len() + 32 * names.len() + 2);
         out.push(b'[');
         let mut listed = vec![false; self.slots as usize];
-        // Names no node has: a set of the request's own, so std's keyed hash (`NameHasher`).
+        // Names no node has: a set of the request's own, so std's keyed hash (not `pieces::NameHasher`).
         let mut unknown: HashSet<&'n str> = HashSet::new();
         let each = |name: Sent<'n>, found: Option<Record>| match found {
             Some(record) => {
