@@ -14,15 +14,16 @@
 //! definition: the answers here are the same bytes.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 use serde::de::{Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::pieces::{Record, Table};
 
 /// The names of a request, decoded (escapes resolved), in order: one text, where each ends,
 /// and whether it was written without escapes (then its text is its JSON string's content as
@@ -34,7 +35,7 @@ pub struct Names {
 }
 
 /// A name, and whether its text is already a JSON string's content (`Names`).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub struct Sent<'a> {
     pub text: &'a str,
     pub plain: bool,
@@ -164,97 +165,20 @@ fn write_host(out: &mut Vec<u8>, name: Sent, score: u32) {
     out.push(b'}');
 }
 
-/// A node's pieces, and its slot (a small number of its own, to mark it listed once).
-struct Entry {
-    slot: usize,
-    host: Box<[u8]>,
-    failed: Option<Box<[u8]>>,
-}
-
-/// The node-name hash of `Pieces`: wyhash's folded multiply (the 128-bit product's halves
-/// xored) over at most two 8-byte loads per 16 bytes; ~1.5 ns a name where std's SipHash
-/// takes ~12 (a third of the filter's lookups at 5,000 names). Unkeyed on purpose: the map's
-/// keys are the cluster's node names, and a request's names are only looked up, never
-/// inserted, so no request can lengthen the probes of another (the sets of a request's own
-/// names keep std's keyed hash).
-#[derive(Default)]
-pub struct NameHasher(u64);
-
-#[inline(always)]
-fn fold(a: u64, b: u64) -> u64 {
-    let product = u128::from(a ^ 0x243f_6a88_85a3_08d3) * u128::from(b ^ 0x9e37_79b9_7f4a_7c15);
-    (product as u64) ^ ((product >> 64) as u64)
-}
-
-/// 0 to 8 bytes as one word (the first and last four, or three picked bytes, as wyhash does).
-#[inline(always)]
-fn load_short(bytes: &[u8]) -> u64 {
-    let n = bytes.len();
-    if n >= 4 {
-        let low = u64::from(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
-        let high = u64::from(u32::from_le_bytes([
-            bytes[n - 4],
-            bytes[n - 3],
-            bytes[n - 2],
-            bytes[n - 1],
-        ]));
-        low | (high << 32)
-    } else if n > 0 {
-        u64::from(bytes[0]) | (u64::from(bytes[n / 2]) << 8) | (u64::from(bytes[n - 1]) << 16)
-    } else {
-        0
-    }
-}
-
-#[inline(always)]
-fn load8(bytes: &[u8], at: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(word)
-}
-
-impl Hasher for NameHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut state = self.0 ^ bytes.len() as u64;
-        let mut rest = bytes;
-        while rest.len() > 16 {
-            state = fold(state ^ load8(rest, 0), load8(rest, 8));
-            rest = &rest[16..];
-        }
-        let (first, last) = if rest.len() >= 8 {
-            (load8(rest, 0), load8(rest, rest.len() - 8))
-        } else {
-            (load_short(rest), 0)
-        };
-        self.0 = fold(state ^ first, last);
-    }
-
-    #[inline]
-    fn write_u8(&mut self, byte: u8) {
-        // str's Hash ends with a 0xff byte: kept, though every key here is a str.
-        self.0 ^= u64::from(byte).rotate_left(40);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        fold(self.0, 0x1234_5678_9abc_def1)
-    }
-}
-
-/// One fit table's pieces by node name (module doc); a name it does not hold passes the
-/// filter and scores `neutral`.
+/// One fit table's pieces by node name (module doc), stored for cold caches (pieces.rs); a
+/// name it does not hold passes the filter and scores `neutral`. Each node has a slot, a small
+/// number of its own (a forgotten node's is reused), to mark it listed once in an answer.
 pub struct Pieces {
-    entries: HashMap<Box<str>, Entry, BuildHasherDefault<NameHasher>>,
-    slots: usize,
-    vacant: Vec<usize>,
+    table: Table,
+    slots: u32,
+    vacant: Vec<u32>,
     neutral: u32,
 }
 
 impl Pieces {
     pub fn new(neutral: u32) -> Self {
         Pieces {
-            entries: HashMap::default(),
+            table: Table::default(),
             slots: 0,
             vacant: Vec::new(),
             neutral,
@@ -262,26 +186,22 @@ impl Pieces {
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.table.len()
     }
 
     pub fn set(&mut self, name: &str, host: &[u8], failed: Option<&[u8]>) {
-        let (host, failed) = (host.into(), failed.map(Into::into));
-        if let Some(entry) = self.entries.get_mut(name) {
-            entry.host = host;
-            entry.failed = failed;
-            return;
-        }
-        let slot = self.vacant.pop().unwrap_or_else(|| {
-            self.slots += 1;
-            self.slots - 1
+        let (slots, vacant) = (&mut self.slots, &mut self.vacant);
+        self.table.set(name, host, failed, || {
+            vacant.pop().unwrap_or_else(|| {
+                *slots += 1;
+                *slots - 1
+            })
         });
-        self.entries.insert(name.into(), Entry { slot, host, failed });
     }
 
     pub fn forget(&mut self, name: &str) {
-        if let Some(entry) = self.entries.remove(name) {
-            self.vacant.push(entry.slot);
+        if let Some(slot) = self.table.remove(name) {
+            self.vacant.push(slot);
         }
     }
 
@@ -301,63 +221,63 @@ impl Pieces {
         let mut passed = Vec::with_capacity(names.text.len() + 3 * names.len());
         let mut failed: Vec<&'a [u8]> = Vec::new();
         let mut listed: Vec<bool> = Vec::new();
-        for name in names.iter() {
-            match self.entries.get(name.text) {
-                Some(Entry {
-                    slot,
-                    failed: Some(member),
-                    ..
-                }) => {
-                    if listed.is_empty() {
-                        listed.resize(self.slots, false);
-                    }
-                    if !listed[*slot] {
-                        listed[*slot] = true;
-                        failed.push(member);
-                    }
+        let each = |name: Sent, found: Option<Record<'a>>| match found {
+            Some(Record {
+                slot,
+                failed: Some(member),
+                ..
+            }) => {
+                if listed.is_empty() {
+                    listed.resize(self.slots as usize, false);
                 }
-                _ => {
-                    if !passed.is_empty() {
-                        passed.push(b',');
-                    }
-                    write_sent(&mut passed, name);
+                if !listed[slot as usize] {
+                    listed[slot as usize] = true;
+                    failed.push(member);
                 }
             }
-        }
+            _ => {
+                if !passed.is_empty() {
+                    passed.push(b',');
+                }
+                write_sent(&mut passed, name);
+            }
+        };
+        self.table
+            .lookup_each(names.iter(), |name: &Sent| name.text, each);
         FilterAnswer { passed, failed }
     }
 
     /// The HostPriorityList (wire_kube.decide_prioritize_encoded): each name once, in
     /// first-sent order, with its node's piece, or the neutral score where it has none.
-    pub fn prioritize(&self, names: &Names) -> Vec<u8> {
+    pub fn prioritize<'n>(&self, names: &'n Names) -> Vec<u8> {
         let mut out = Vec::with_capacity(names.text.len() + 32 * names.len() + 2);
         out.push(b'[');
-        let mut listed = vec![false; self.slots];
-        // Names no node has: a set of the request's own, so std's keyed hash (`NameHasher`).
-        let mut unknown: HashSet<&str> = HashSet::new();
-        for name in names.iter() {
-            match self.entries.get(name.text) {
-                Some(entry) => {
-                    if listed[entry.slot] {
-                        continue;
-                    }
-                    listed[entry.slot] = true;
-                    if out.len() > 1 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(&entry.host);
+        let mut listed = vec![false; self.slots as usize];
+        // Names no node has: a set of the request's own, so std's keyed hash (not `pieces::NameHasher`).
+        let mut unknown: HashSet<&'n str> = HashSet::new();
+        let each = |name: Sent<'n>, found: Option<Record>| match found {
+            Some(record) => {
+                if listed[record.slot as usize] {
+                    return;
                 }
-                None => {
-                    if !unknown.insert(name.text) {
-                        continue;
-                    }
-                    if out.len() > 1 {
-                        out.push(b',');
-                    }
-                    write_host(&mut out, name, self.neutral);
+                listed[record.slot as usize] = true;
+                if out.len() > 1 {
+                    out.push(b',');
                 }
+                out.extend_from_slice(record.host);
             }
-        }
+            None => {
+                if !unknown.insert(name.text) {
+                    return;
+                }
+                if out.len() > 1 {
+                    out.push(b',');
+                }
+                write_host(&mut out, name, self.neutral);
+            }
+        };
+        self.table
+            .lookup_each(names.iter(), |name: &Sent| name.text, each);
         out.push(b']');
         out
     }
@@ -608,32 +528,5 @@ mod tests {
             r#"{"Nodes":null,"NodeNames":[],"FailedNodes":{},"FailedAndUnresolvableNodes":{},"Error":""}"#
         );
         assert_eq!(pieces.prioritize(&none), b"[]");
-    }
-
-    #[test]
-    fn node_names_hash_apart() {
-        use std::hash::BuildHasher;
-        let build = BuildHasherDefault::<NameHasher>::default();
-        let mut hashes = HashSet::new();
-        let mut buckets = HashSet::new();
-        let lengths = [
-            "a",
-            "node-1",
-            "node-0000001",
-            "gpu-node-0000000001",
-            "rack-7/gpu-node-00000000000000000001",
-        ];
-        for stem in lengths {
-            for i in 0..2000 {
-                let name = format!("{stem}{i}");
-                let hash = build.hash_one(name.as_str());
-                hashes.insert(hash);
-                buckets.insert((stem, hash & 4095));
-            }
-        }
-        // Every name its own hash; names differing in their last characters spread over the
-        // buckets (low bits) as random hashes would (~1,600 of 4,096 for 2,000 names each).
-        assert_eq!(hashes.len(), 10_000);
-        assert!(buckets.len() > 5 * 1_400, "{} buckets", buckets.len());
     }
 }

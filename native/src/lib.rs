@@ -7,6 +7,7 @@
 mod cache;
 mod extender;
 mod json;
+mod pieces;
 mod rate;
 mod rated_reader;
 mod row;

@@ -193,3 +193,42 @@ def test_random_requests_on_a_changing_cluster_are_answered_alike(scenario: Any)
     # The blocked tenant's requests too (refused everywhere: no table answers them).
     state.blocked["team-b"] = "gpu_hours"
     assert_native_answers_alike(body(requests[0], namespace="team-b", gpus=2, ascii_only=ascii_only), policy)
+
+
+# Churn: the native mirror grows past its first index, rewrites pieces in place or appends them
+# (a score or reason of another width), forgets nodes (deleting from probe runs), compacts its
+# arena and reuses slots; the answers must stay the Python path's through all of it.
+CHURN_STEP = st.tuples(st.sampled_from(["allocate", "remove", "re-add"]), st.integers(0, 10**6),
+                       st.lists(st.integers(0, 7), max_size=8, unique=True), st.booleans())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=st.lists(NAME, min_size=20, max_size=70, unique=True),
+       steps=st.lists(CHURN_STEP, min_size=1, max_size=60),
+       strangers=st.lists(NAME, max_size=5), ascii_only=st.booleans())
+def test_answers_stay_alike_while_nodes_are_set_reset_forgotten_and_readded(
+        nodes: list[str], steps: list[tuple[str, int, list[int], bool]], strangers: list[str],
+        ascii_only: bool) -> None:
+    state = HooksState()
+    for number, name in enumerate(nodes):
+        state.apply_topology(h100(name) if number % 2 else l40s(name))
+        state.apply_allocation(allocation(name, *range(number % 5)))
+    policy = Policy(state.view)
+    sent = nodes + strangers + nodes[::3]
+    counts = (1, 2, 4, 8)
+    for count in counts:  # the fit tables (and their mirrors) of each count exist from here on
+        assert_native_answers_alike(body(sent, gpus=count, ascii_only=ascii_only), policy)
+    for number, (kind, pick, taken, h100_board) in enumerate(steps):
+        name = nodes[pick % len(nodes)]
+        if kind == "allocate":
+            state.apply_allocation(allocation(name, *taken))
+        elif kind == "remove":  # gone for good (with its allocation the node stays known)
+            state.remove_allocation(name)
+            state.remove_topology(name)
+        else:
+            state.apply_topology(h100(name) if h100_board else l40s(name))
+            state.apply_allocation(allocation(name, *(index for index in taken if index < 4)))
+        if number % 7 == 6:
+            assert_native_answers_alike(body(sent, gpus=counts[number % 4], ascii_only=ascii_only), policy)
+    for count in counts:
+        assert_native_answers_alike(body(sent[::-1], gpus=count, ascii_only=ascii_only), policy)
