@@ -320,8 +320,10 @@ PIPELINE = SchemaOwner(
         # Every step can be re-run after a failure part-way.
         Migration(4, "rated usage ordered by (tenant, window_start, event_id); event_ids by key", (
             "DROP VIEW IF EXISTS usage_hourly_mv",
+            # Dropped, not emptied (as shipped first): after a failure past the exchange the
+            # twin holds the old layout, and emptying it copied the rows back into that layout.
+            "DROP TABLE IF EXISTS rated_usage_rekeyed",
             RATED_USAGE_V4.create_sql("rated_usage_rekeyed"),
-            "TRUNCATE TABLE IF EXISTS rated_usage_rekeyed",
             "INSERT INTO rated_usage_rekeyed SELECT * FROM rated_usage",
             "EXCHANGE TABLES rated_usage AND rated_usage_rekeyed",
             "DROP TABLE IF EXISTS rated_usage_rekeyed",

@@ -184,6 +184,28 @@ def test_the_rekeying_migration_keeps_every_row_once(settings: Settings) -> None
         client.close()
 
 
+def test_the_rekeying_migration_rerun_after_its_exchange_keeps_the_new_key(settings: Settings) -> None:
+    """Migration 4 failed after EXCHANGE TABLES and before it dropped the twin (which now holds
+    the old layout): run again, it must not copy the rows back into that old layout."""
+    rewind_to_pipeline_3(settings)
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        before = client.query(TOTALS).result_rows
+        steps = next(m for m in PIPELINE.migrations if m.version == 4).statements
+        exchange = next(i for i, step in enumerate(steps) if str(step).startswith("EXCHANGE TABLES"))
+        for step in steps[:exchange + 1]:
+            migrations.run_statement(client, step)
+        assert "ORDER BY (tenant, event_id)" in clickhouse.scalar(
+            client, CREATE_QUERY.replace("'rated_usage'", "'rated_usage_rekeyed'"))
+
+        rerun(client, 4)
+
+        assert "ORDER BY (tenant, window_start, event_id)" in clickhouse.scalar(client, CREATE_QUERY)
+        assert client.query(TOTALS).result_rows == before
+    finally:
+        client.close()
+
+
 EVENT_IDS_QUERY = ("SELECT engine, create_table_query FROM system.tables WHERE database = currentDatabase() "
                    "AND name = %(name)s")
 EVENT_ID_ROWS = ("SELECT event_id, tenant, kind, window_start, window_end, quantity, unit_seconds, "
