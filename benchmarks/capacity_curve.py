@@ -165,6 +165,7 @@ class Namespace:
     client: Any
     worker: WorkerProcess
     sharded: bool = False
+    node_urls: list[str] = field(default_factory=list)  # each shard's server, on two shards
     rows: int = 0  # generated rows so far
     rounds: list[float] = field(default_factory=list)
 
@@ -172,7 +173,8 @@ class Namespace:
 def open_namespace(base: Settings, level: str, tag: str, cluster: TwoShards | None = None) -> Namespace:
     settings, client = open_database(base, "capacity", level, tag, cluster)
     worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-capacity-{level}-{tag}.log", "warn")
-    return Namespace(level, settings, client, worker, sharded=cluster is not None)
+    return Namespace(level, settings, client, worker, sharded=cluster is not None,
+                     node_urls=cluster.node_urls() if cluster is not None else [])
 
 
 def disk_per_row(client: Any) -> dict[str, dict[str, float]]:
@@ -372,26 +374,32 @@ def measure(ns: Namespace, empty: Namespace, rounds: list[list[dict[str, Any]]],
     heaviest = max(panels, key=lambda k: panels[k]) if panels else None
     out.update({"panels_s": panels, "heaviest_panel": heaviest,
                 "heaviest_panel_s": panels[heaviest] if heaviest else None})
-    if not ns.sharded:
-        # Every day of a closed month as the engine leaves it an hour after the day's last
-        # insert (rated_usage's min_age_to_force_merge): one part a day. The fill's rows all fall
-        # on the month's first day(s), so the close above read them as the month's last day is
-        # read at its end (several parts, merged by FINAL); this is the other 29 days.
-        with console.status(f"{ns.rows:,} rows: each day merged into one part, as a closed month's are..."):
-            out["force_merge_s"] = force_merge(ns)
-            out["close_closed_days"] = close_times(ns)
+    # Every day of a closed month as the engine leaves it an hour after the day's last
+    # insert (rated_usage's min_age_to_force_merge): one part a day. The fill's rows all fall
+    # on the month's first day(s), so the close above read them as the month's last day is
+    # read at its end (several parts, merged by FINAL); this is the other 29 days.
+    with console.status(f"{ns.rows:,} rows: each day merged into one part, as a closed month's are..."):
+        out["force_merge_s"] = force_merge(ns)
+        out["close_closed_days"] = close_times(ns)
     out["disk"] = disk_per_row(ns.client)
     out["load_after"] = list(os.getloadavg())
     return out
 
 
 def force_merge(ns: Namespace) -> float:
-    """What min_age_to_force_merge does to each day an hour after its last insert, done now."""
-    patient = patient_client(ns.settings.clickhouse.dsn)
-    try:
-        return timed_query(patient, "OPTIMIZE TABLE rated_usage FINAL")
-    finally:
-        patient.close()
+    """What min_age_to_force_merge does to each day an hour after its last insert, done now (on
+    two shards, on each shard's local table in turn)."""
+    database = clickhouse.parse_dsn(ns.settings.clickhouse.dsn).database
+    targets = ([(f"{url}/{database}", "rated_usage_local") for url in ns.node_urls] if ns.sharded
+               else [(ns.settings.clickhouse.dsn, "rated_usage")])
+    seconds = 0.0
+    for dsn, table in targets:
+        patient = patient_client(dsn)
+        try:
+            seconds += timed_query(patient, f"OPTIMIZE TABLE {table} FINAL")
+        finally:
+            patient.close()
+    return seconds
 
 
 def summary(level: str, m: dict[str, Any]) -> Table:
