@@ -241,7 +241,7 @@ class CopyByPartition:
     block of ~a million rows across all the partitions it spans (a block of one tenant's month
     spans ~8 days): thousands of small parts per partition, until the engine refuses the insert
     (``parts_to_throw_insert``). ``where`` narrows each insert further for pruning (``source``'s
-    own partition key). Re-runnable as the statements around it make it (the target emptied first)."""
+    own partition key). Re-runnable where the steps before it drop and re-create ``target``."""
 
     source: str
     target: str

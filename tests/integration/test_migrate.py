@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -107,6 +108,25 @@ def test_a_failed_migration_leaves_the_lock_released_and_its_version_unrecorded(
         # The lock is free: the next run takes it at once (a held lock would wait, then time out).
         with pytest.raises(Exception, match="no_such_table"):
             migrations.migrate(client, [broken], lock_timeout=1)
+    finally:
+        client.close()
+
+
+def test_migrate_waits_for_a_step_longer_than_the_interactive_timeout(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy step of a fleet-sized table takes minutes (pipeline migration 11 copies rated_usage
+    a day at a time); `gpumeter migrate` must wait for it as the month's batch commands do, not
+    give up after the workers' interactive timeout (60 s, 1 s here)."""
+    from gpumeter.app import schema
+    from gpumeter.app.cli import migrate
+
+    slow = SchemaOwner("slow", (Migration(1, "a step of 2 s", ("SELECT sleep(2)",)),))
+    monkeypatch.setattr(clickhouse, "RECEIVE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(schema, "OWNERS", (*schema.OWNERS, slow))
+    assert migrate.run(settings, argparse.Namespace(lock_timeout=30.0)) == 0
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        assert ("slow", 1) in migrations.applied_migrations(client)
     finally:
         client.close()
 

@@ -17,7 +17,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from gpumeter.app import schema
     from gpumeter.infra import clickhouse
 
-    client = clickhouse.connect(settings.clickhouse.connection_dsn())
+    # batch: a copy-and-exchange step of a fleet-sized table takes minutes (docs/capacity.md).
+    client = clickhouse.connect(settings.clickhouse.connection_dsn(), batch=True)
     try:
         applied = schema.migrate(client, schema.topology(settings.clickhouse), lock_timeout=args.lock_timeout)
     finally:
