@@ -164,16 +164,19 @@ class Namespace:
     settings: Settings
     client: Any
     worker: WorkerProcess
-    sharded: bool = False
     node_urls: list[str] = field(default_factory=list)  # each shard's server, on two shards
     rows: int = 0  # generated rows so far
     rounds: list[float] = field(default_factory=list)
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.node_urls)
 
 
 def open_namespace(base: Settings, level: str, tag: str, cluster: TwoShards | None = None) -> Namespace:
     settings, client = open_database(base, "capacity", level, tag, cluster)
     worker = WorkerProcess(settings, Path("/tmp") / f"gpumeter-capacity-{level}-{tag}.log", "warn")
-    return Namespace(level, settings, client, worker, sharded=cluster is not None,
+    return Namespace(level, settings, client, worker,
                      node_urls=cluster.node_urls() if cluster is not None else [])
 
 
