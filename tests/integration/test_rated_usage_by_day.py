@@ -20,8 +20,8 @@ import pytest
 
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
-from gpumeter.infra.migrations import run_statement
 from gpumeter.infra.schema import INSERT_DEDUP_WINDOW, PIPELINE, RATED_USAGE, RATED_USAGE_V4
+from tests.integration.test_dedup import CREATE_QUERY, rerun
 
 pytestmark = [pytest.mark.integration, pytest.mark.single_node]
 
@@ -99,14 +99,12 @@ def test_migration_11_keeps_every_row_and_partitions_by_day(settings: Settings) 
         assert len(client.query(PARTITIONS).result_rows) == len(
             {(START + n * STEP).date() for n in range(ROWS)})
         assert client.query(ROLLUP).result_rows == rollup_before
-        create = clickhouse.scalar(client, "SELECT create_table_query FROM system.tables "
-                                           "WHERE database = currentDatabase() AND name = 'rated_usage'")
+        create = clickhouse.scalar(client, CREATE_QUERY)
         assert f"non_replicated_deduplication_window = {INSERT_DEDUP_WINDOW}" in create
         assert "period_minmax" in create
 
         # Re-run as after a failure past the exchange: the new layout is copied again, not the old.
-        for statement in next(m for m in PIPELINE.migrations if m.version == 11).statements:
-            run_statement(client, statement)
+        rerun(client, 11)
         assert totals(client) == expected_totals()
         assert_partitioned_by_day(client)
         # The rollup's view is attached once: a new row reaches it once.
@@ -125,7 +123,8 @@ def replacing_merges(client: Any, sql: str) -> list[int]:
 
 def test_final_merges_only_the_days_that_have_several_parts(settings: Settings) -> None:
     """Two past days merged into one part each, and today in three parts: the close's FINAL
-    aggregate merges today's three parts and nothing else (one partition a month: all five)."""
+    aggregate merges today's three parts and nothing else (with one partition a month it merged
+    every part of the month)."""
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     close_sql = ("SELECT tenant, rate_card, kind, gpu_model, mig_profile, capacity_type, sum(unit_seconds) "
                  "FROM rated_usage FINAL WHERE period = '2026-11' "
