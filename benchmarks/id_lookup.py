@@ -1,7 +1,17 @@
-"""The sink's id probe against the granule size of ``event_id_hashes``, same hashes, same run.
+"""The sink's id probe against the layout of ``event_id_hashes``, same hashes, same run.
 
     .venv/bin/python -m benchmarks.id_lookup [--rows 30000000] [--ids 15000] [--granularity 256 64]
         [--rounds 5]
+    .venv/bin/python -m benchmarks.id_lookup --merges [--rows 300000000] [--ids 15000]
+        [--bases 5 1.5] [--rounds 7]
+
+``--merges``: the parts the engine's own merges leave, and the probe over them, for each
+``merge_selector_base`` in ``--bases`` (5 is ClickHouse's default; the shipped declaration says
+1.5, pipeline migration 12). Each table is grown by inserts of ``--ids`` hashes, as the sink
+inserts a batch's claims, with merges running, then left until no merge runs; reported: the
+parts (and their rows), the probe's median (new ids, as below), and the rows the merges wrote
+(system.events MergedRows: the write amplification paid for fewer parts). The ratio is each
+base's probe median against the first base's.
 
 docs/capacity.md named smaller granules for ``event_id_hashes`` as a way to cheapen the sink's
 probe at fleet scale (a probe reads one granule per id and part: 256 hashes at the shipped
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -39,6 +50,7 @@ from gpumeter.infra.schema import EVENT_ID_HASHES
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "id-lookup-latest.json"
+MERGES_RESULTS = Path(__file__).parent / "results" / "id-lookup-merges-latest.json"
 INSERTS = 30
 HASH = "sipHash64(concat('id-', toString(number)))"  # the sink's sipHash64(event_id) of made-up ids
 
@@ -49,15 +61,106 @@ def declared(granularity: int) -> str:
     return replace(EVENT_ID_HASHES, settings=settings).create_sql(f"hashes_{granularity}")
 
 
+def with_merge_base(base: str, name: str) -> str:
+    return replace(EVENT_ID_HASHES, settings=re.sub(r"merge_selector_base = [0-9.]+",
+                                                    f"merge_selector_base = {base}",
+                                                    EVENT_ID_HASHES.settings or "")).create_sql(name)
+
+
+def probe_medians(query: Any, table: str, rows: int, ids: int, rounds: int, seed: int = 7) -> list[float]:
+    """``rounds`` probes of ``ids`` new ids (never stored), as the sink's ``_first_claims`` asks."""
+    rng = random.Random(seed)
+    times = []
+    for _ in range(rounds):
+        start = rows + rng.randrange(10 * rows)
+        began = time.perf_counter()
+        found = query(f"SELECT count() FROM {table} WHERE id_hash IN "
+                      f"(SELECT {HASH} FROM numbers({start}, {ids}))")
+        times.append(time.perf_counter() - began)
+        if found.strip() != "0":
+            raise AssertionError(f"ids never stored were found: {found.strip()}")
+    return times
+
+
+def merges(args: argparse.Namespace) -> int:
+    """The parts that merges leave at each merge_selector_base, and the probe over them."""
+    from chdb import session  # the engine, imported only when the benchmark runs
+
+    results: dict[str, Any] = {"mode": "merges", "rows": args.rows, "ids": args.ids, "rounds": args.rounds,
+                               "by_merge_selector_base": {}}
+    inserts = args.rows // args.ids
+    table = Table("merge_selector_base", "parts", "rows of the 3 largest", "rows written by merges",
+                  "probe median", "ratio",
+                  title=f"{args.rows:,} hashes inserted {args.ids:,} at a time; "
+                        f"probe of {args.ids:,} new ids")
+    base_median = None
+    home = tempfile.mkdtemp(prefix="gpumeter-id-merges-")
+    db = session.Session(home)  # one engine per process: the bases take turns, one table each
+
+    def query(sql: str) -> str:
+        return str(db.query(sql, "TSV").bytes().decode())
+
+    def merged_rows() -> int:
+        return int(query("SELECT value FROM system.events WHERE event = 'MergedRows'").strip() or 0)
+
+    try:
+        query("CREATE DATABASE IF NOT EXISTS bench ENGINE = Atomic")
+        query("USE bench")
+        for base in args.bases:
+            name = "hashes_" + base.replace(".", "_")
+            query(with_merge_base(base, name))
+            before = merged_rows()
+            began = time.perf_counter()
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task(f"merge_selector_base = {base}: inserting", total=inserts)
+                for index in range(inserts):
+                    query(f"INSERT INTO {name} SELECT {HASH} FROM numbers({index * args.ids}, {args.ids})")
+                    progress.advance(task)
+            fill_s = time.perf_counter() - began
+            quiet = 0
+            while quiet < 3:  # merges are assigned every few seconds: three empty looks in a row
+                time.sleep(1)
+                quiet = quiet + 1 if query("SELECT count() FROM system.merges").strip() == "0" else 0
+            sizes = [int(v) for v in query(f"SELECT rows FROM system.parts WHERE table = '{name}' AND active "
+                                           "ORDER BY rows DESC").split()]
+            written = merged_rows() - before
+            times = probe_medians(query, name, args.rows, args.ids, args.rounds)
+            query(f"DROP TABLE {name} SYNC")
+            median = statistics.median(times)
+            base_median = base_median or median
+            results["by_merge_selector_base"][base] = {
+                "parts": len(sizes), "part_rows": sizes, "merged_rows": written,
+                "write_amplification": (args.rows + written) / args.rows, "fill_s": fill_s,
+                "probe_s": times, "probe_median_s": median, "ratio": median / base_median}
+            table.add_row(base, str(len(sizes)), ", ".join(f"{n / 1e6:.1f} M" for n in sizes[:3]),
+                          f"{written:,} ({(args.rows + written) / args.rows:.1f} x the ids)",
+                          f"{median * 1000:.1f} ms", f"{median / base_median:.2f}")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    console.print(table)
+    write_results(MERGES_RESULTS, results)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=30_000_000)
+    parser.add_argument("--rows", type=int, default=None, help="30,000,000 (300,000,000 with --merges)")
     parser.add_argument("--ids", type=int, default=15_000)
     parser.add_argument("--granularity", type=int, nargs="+", default=[256, 64])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--merges", action="store_true", help="parts and probe per merge_selector_base")
+    parser.add_argument("--bases", nargs="+", default=["5", "1.5"],
+                        help="merge_selector_base values (--merges)")
+    parser.add_argument("--rounds", type=int, default=None, help="5 (7 with --merges)")
     args = parser.parse_args(argv)
+    args.rows = args.rows if args.rows is not None else (300_000_000 if args.merges else 30_000_000)
+    args.rounds = args.rounds if args.rounds is not None else (7 if args.merges else 5)
     if args.rows < INSERTS or args.ids < 1 or args.rounds < 1 or min(args.granularity) < 1:
         parser.error("--rows >= 30, --ids >= 1, --rounds >= 1 and every --granularity >= 1")
+    if args.merges:
+        if args.rows < args.ids or any(not re.fullmatch(r"[0-9]+(\.[0-9]+)?", b) or float(b) <= 1
+                                       for b in args.bases):
+            parser.error("--merges needs --rows >= --ids and every --bases a number > 1")
+        return merges(args)
     from chdb import session  # the engine, imported only when the benchmark runs
 
     home = tempfile.mkdtemp(prefix="gpumeter-id-lookup-")

@@ -26,7 +26,15 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from gpumeter.infra import claims
-from gpumeter.infra.tables import SINGLE_NODE, Column, CopyByPartition, SchemaOwner, Table, Topology
+from gpumeter.infra.tables import (
+    SINGLE_NODE,
+    Column,
+    ModifySettings,
+    SchemaOwner,
+    Step,
+    Table,
+    Topology,
+)
 
 LOCK_TIMEOUT_SECONDS = 300.0
 LEASE_SECONDS = 3600
@@ -143,18 +151,20 @@ def migrate(client: Client, owners: Sequence[SchemaOwner], topology: Topology = 
             missing = [m for m in owner.migrations if (owner.owner, m.version) not in done]
             if not missing:
                 continue
-            if topology.cluster is not None:
-                if len(missing) != len(owner.migrations):
-                    raise SchemaError(
-                        f"{owner.owner} migration {missing[0].version} is written for one node: on cluster "
-                        f"{topology.cluster} it must be written for the cluster and applied by hand "
-                        "(docs/operations.md, ClickHouse clusters)")
+            if topology.cluster is not None and len(missing) == len(owner.migrations):
                 for statement in owner.create_statements(topology):
                     client.command(statement)
             else:
+                if topology.cluster is not None:
+                    for_one_node = [m for m in missing if not m.for_every_topology]
+                    if for_one_node:
+                        raise SchemaError(
+                            f"{owner.owner} migration {for_one_node[0].version} is written for one node: on "
+                            f"cluster {topology.cluster} it must be written for the cluster and applied by "
+                            "hand (docs/operations.md, ClickHouse clusters)")
                 for migration in missing:
                     for step in migration.statements:
-                        run_statement(client, step)
+                        run_statement(client, step, topology)
                     _record(client, owner, [migration.version])
                     applied.append(f"{owner.owner}/{migration.version}")
                 continue
@@ -163,10 +173,15 @@ def migrate(client: Client, owners: Sequence[SchemaOwner], topology: Topology = 
         return applied
 
 
-def run_statement(client: Client, statement: str | CopyByPartition) -> None:
-    """One step of a migration: a statement, or a copy made one partition at a time."""
+def run_statement(client: Client, statement: Step, topology: Topology = SINGLE_NODE) -> None:
+    """One step of a migration: a statement, a settings change rendered for ``topology``, or a
+    copy made one partition at a time."""
     if isinstance(statement, str):
         client.command(statement)
+        return
+    if isinstance(statement, ModifySettings):
+        for sql in statement.statements(topology):
+            client.command(sql)
         return
     for key in client.query(statement.keys_sql()).result_rows:
         client.command(statement.insert_sql(), parameters={f"k{i}": value for i, value in enumerate(key)})

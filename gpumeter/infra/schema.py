@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpumeter.infra.tables import Column, CopyByPartition, Migration, SchemaOwner, Table, View
+from gpumeter.infra.tables import Column, CopyByPartition, Migration, ModifySettings, SchemaOwner, Table, View
 
 INSERT_DEDUP_WINDOW = 10_000
 _DEDUP_WINDOW = f"non_replicated_deduplication_window = {INSERT_DEDUP_WINDOW}"
@@ -140,6 +140,15 @@ EVENT_IDS_V5 = Table(
 # recorded before its row is stored; the first claim the server made visible wins. That order
 # is the part's block number, assigned as the insert commits and kept through merges by
 # enable_block_number_column (migration 8, which gave older claims the position -1, -1).
+# The sink probes both id tables with a batch's ids, and a probe costs per part it reads (each
+# part's granules holding a batch's ids). ClickHouse's default merge selector (base 5) left
+# event_id_hashes grown by 20,000 sink-sized inserts to 300 million ids in 16 parts (three of
+# 73-106 M rows), a 15,000-id probe 454 ms; base 1.5 left 3 parts (269 M, 27 M, 3.9 M), the
+# probe 183 ms, for 2.3 x the merge writes (11 x the ids written against 5 x), which at the
+# fleet's 1,500 ids/s is a few KB/s: `python -m benchmarks.id_lookup --merges` (pipeline
+# migration 12).
+ID_MERGES = "merge_selector_base = 1.5"
+
 EVENT_IDS = Table(
     name="event_ids",
     columns=(
@@ -150,7 +159,7 @@ EVENT_IDS = Table(
     ),
     engine="MergeTree",
     order_by="id_hash",
-    settings=f"{EVENT_IDS_V5.settings}, enable_block_number_column = 1",
+    settings=f"{EVENT_IDS_V5.settings}, enable_block_number_column = 1, {ID_MERGES}",
     shard_by=BY_ID_HASH,
 )
 
@@ -166,9 +175,11 @@ EVENT_ID_HASHES = Table(
     columns=(Column("id_hash", "UInt64", codec="NONE"),),
     engine="MergeTree",
     order_by="id_hash",
-    settings=EVENT_IDS_V5.settings,
+    settings=f"{EVENT_IDS_V5.settings}, {ID_MERGES}",
     shard_by="id_hash",  # = sipHash64(event_id): a hash lands on the shard of its event_ids row
 )
+# As pipeline migration 7 created it (frozen: that migration has shipped).
+EVENT_ID_HASHES_V7 = replace(EVENT_ID_HASHES, settings=EVENT_IDS_V5.settings)
 
 EVENT_ID_HASHES_VIEW = View("event_id_hashes_mv", EVENT_ID_HASHES, EVENT_IDS, "SELECT id_hash FROM {source}")
 EVENT_ID_HASHES_MV = EVENT_ID_HASHES_VIEW.create_sql()
@@ -353,7 +364,7 @@ PIPELINE = SchemaOwner(
         # Re-runnable (the view is dropped before the table is emptied and exists before the
         # copy starts, so an id recorded meanwhile is in the copy or comes through the view).
         Migration(7, "event_id_hashes: the ids' hashes alone, probed before event_ids", (
-            EVENT_ID_HASHES.create_sql(),
+            EVENT_ID_HASHES_V7.create_sql(),
             "DROP VIEW IF EXISTS event_id_hashes_mv",
             f"TRUNCATE TABLE {EVENT_ID_HASHES.name}",
             EVENT_ID_HASHES_MV,
@@ -388,8 +399,13 @@ PIPELINE = SchemaOwner(
             f"ALTER TABLE rated_usage MODIFY SETTING {_DEDUP_WINDOW}",
             USAGE_HOURLY_MV,
         )),
+        # Metadata only: merges from now on keep the id tables in fewer, larger parts. Written
+        # for every topology (on a cluster: the _local tables, ON CLUSTER).
+        Migration(12, "id tables merge into fewer parts: the sink's probe reads fewer", (
+            ModifySettings(EVENT_IDS, ID_MERGES), ModifySettings(EVENT_ID_HASHES, ID_MERGES),
+        )),
     ),
-    # What migrations 1 to 11 leave, for a fresh cluster database (the insert deduplication
+    # What migrations 1 to 12 leave, for a fresh cluster database (the insert deduplication
     # windows were set by migration 5). tests/integration/test_cluster_schema.py compares it
     # with a database the migrations built.
     current=(

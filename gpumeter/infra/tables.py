@@ -261,12 +261,35 @@ class CopyByPartition:
 
 
 @dataclass(frozen=True)
+class ModifySettings:
+    """A migration step that changes a table's engine settings, written once for every topology:
+    on a cluster it is ``ALTER TABLE <the table holding the rows> ON CLUSTER ... MODIFY SETTING``
+    (``<table>_local`` when sharded: a Distributed table has no MergeTree settings). Metadata
+    only and idempotent, so a migration made of these steps is applied on clusters too."""
+
+    table: Table
+    settings: str
+
+    def statements(self, topology: Topology = SINGLE_NODE) -> tuple[str, ...]:
+        return (f"ALTER TABLE {self.table.local_name(topology)}{topology.on_cluster} "
+                f"MODIFY SETTING {self.settings}",)
+
+
+Step = str | CopyByPartition | ModifySettings
+
+
+@dataclass(frozen=True)
 class Migration:
     """One forward-only step of one owner's schema: never edit one that has shipped."""
 
     version: int
     name: str
-    statements: tuple[str | CopyByPartition, ...]
+    statements: tuple[Step, ...]
+
+    @property
+    def for_every_topology(self) -> bool:
+        """Written for clusters as well as one node (every step renders for its topology)."""
+        return all(isinstance(step, ModifySettings) for step in self.statements)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.schema import INSERT_DEDUP_WINDOW, PIPELINE, RATED_USAGE, RATED_USAGE_V4
 from tests.integration.test_dedup import CREATE_QUERY, rerun
+from tests.support.migrations import pipeline_since
 
 pytestmark = [pytest.mark.integration, pytest.mark.single_node]
 
@@ -87,7 +88,7 @@ def test_migration_11_keeps_every_row_and_partitions_by_day(settings: Settings) 
         rewind_to_pipeline_10(client)
         rollup_before = client.query(ROLLUP).result_rows
         assert clickhouse.scalar(client, "SELECT count() FROM rated_usage FINAL") == ROWS
-        assert migrations.migrate(client, [PIPELINE]) == ["pipeline/11"]
+        assert migrations.migrate(client, [PIPELINE]) == pipeline_since(11)
 
         # Every row once: the exact copy of e5, if no merge had folded it yet, is folded by the
         # copy's own insert (optimize_on_insert), as FINAL folded it before.

@@ -26,7 +26,7 @@ from dashboards.panels import DASHBOARDS
 from gpumeter.app import schema
 from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
-from gpumeter.infra import clickhouse
+from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra import kafka as gkafka
 from gpumeter.infra.schema import GRANTS
 from insights.tables import BUDGET_LINES, FORECASTS
@@ -238,3 +238,50 @@ def test_a_refused_rows_claim_is_withdrawn_on_shards_so_a_later_good_copy_is_bil
     assert later.stored == 1 and later.conflicts == []
     assert query(sharded, "SELECT count() FROM rated_usage WHERE event_id = 'poisoned-1'") == [(1,)]
     assert query(sharded, "SELECT count() FROM event_ids WHERE event_id = 'poisoned-1'") == [(1,)]
+
+
+def test_a_settings_migration_is_applied_on_every_shard_and_a_one_node_migration_still_refused(
+    endpoints: Endpoints, cluster: TwoShards, namespaces: Namespaces, tmp_path: Path
+) -> None:
+    """Pipeline migration 12 (the id tables' merge setting) is written for every topology: a
+    cluster database made before it gets it on each shard's ``_local`` tables through ON CLUSTER.
+    A missing migration written for one node is refused as before, with nothing applied."""
+    sharded = isolated_settings(endpoints, tmp_path, clickhouse_url=cluster.url)
+    sharded.clickhouse.cluster, sharded.clickhouse.sharded = cluster.topology.cluster, True
+    namespaces.add(sharded, topics=False)
+    database = clickhouse.parse_dsn(sharded.clickhouse.dsn).database
+    client = clickhouse.connect(sharded.clickhouse.dsn)
+
+    def engines() -> list[list[str]]:
+        """Each node's id tables' engine settings, in node order."""
+        return [[str(row[0]) for row in query(
+            sharded, "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
+                     "AND name IN ('event_ids_local', 'event_id_hashes_local') ORDER BY name", url)]
+            for url in cluster.node_urls()]
+
+    try:
+        schema.migrate(client, cluster.topology)
+        assert all("merge_selector_base = 1.5" in engine for node in engines() for engine in node)
+        # The database as it stood at version 11, on every node.
+        for url in cluster.node_urls():
+            node = clickhouse.connect(f"{url}/{database}", create_database=False)
+            try:
+                for table in ("event_ids_local", "event_id_hashes_local"):
+                    node.command(f"ALTER TABLE {table} RESET SETTING merge_selector_base")
+            finally:
+                node.close()
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version = 12")
+        assert not any("merge_selector_base" in engine for node in engines() for engine in node)
+
+        assert schema.migrate(client, cluster.topology) == ["pipeline/12"]
+        assert [len(node) for node in engines()] == [2, 2]
+        assert all("merge_selector_base = 1.5" in engine for node in engines() for engine in node)
+
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 11")
+        with pytest.raises(migrations.SchemaError, match="pipeline migration 11 is written for one node"):
+            schema.migrate(client, cluster.topology)
+        applied = {version for (version,) in client.query(
+            "SELECT version FROM schema_migrations WHERE owner = 'pipeline'").result_rows}
+        assert 11 not in applied and 12 not in applied
+    finally:
+        client.close()

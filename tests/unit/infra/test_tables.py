@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpumeter.infra.schema import EVENT_IDS
-from gpumeter.infra.tables import Column, Table
+from gpumeter.infra.tables import Column, CopyByPartition, Migration, ModifySettings, Table, Topology
 
 
 def test_a_column_codec_follows_its_default_and_comment() -> None:
@@ -22,3 +22,24 @@ def test_a_column_with_a_codec_is_still_an_inserted_column_unless_it_has_a_defau
 
 def test_event_ids_stores_its_sort_key_uncompressed() -> None:
     assert "id_hash UInt64 DEFAULT sipHash64(event_id) CODEC(NONE)" in EVENT_IDS.create_sql()
+
+
+def test_a_settings_step_alters_the_table_that_holds_the_rows_on_every_topology() -> None:
+    ids = Table(name="ids", columns=(Column("h", "UInt64"),), engine="MergeTree", order_by="h", shard_by="h")
+    ledger = Table(name="ledger", columns=(Column("h", "UInt64"),), engine="MergeTree", order_by="h")
+    step = ModifySettings(ids, "merge_selector_base = 1.5")
+    assert step.statements() == ("ALTER TABLE ids MODIFY SETTING merge_selector_base = 1.5",)
+    assert step.statements(Topology("c1", replicated=True)) == (
+        "ALTER TABLE ids ON CLUSTER c1 MODIFY SETTING merge_selector_base = 1.5",)
+    assert step.statements(Topology("c1", sharded=True)) == (
+        "ALTER TABLE ids_local ON CLUSTER c1 MODIFY SETTING merge_selector_base = 1.5",)
+    assert ModifySettings(ledger, "x = 1").statements(Topology("c1", sharded=True)) == (
+        "ALTER TABLE ledger ON CLUSTER c1 MODIFY SETTING x = 1",)
+
+
+def test_only_a_migration_of_settings_steps_is_written_for_every_topology() -> None:
+    ids = Table(name="ids", columns=(Column("h", "UInt64"),), engine="MergeTree", order_by="h")
+    assert Migration(1, "settings", (ModifySettings(ids, "x = 1"),)).for_every_topology
+    assert not Migration(2, "mixed", (ModifySettings(ids, "x = 1"), "ALTER TABLE ids ADD COLUMN y UInt8")
+                         ).for_every_topology
+    assert not Migration(3, "copy", (CopyByPartition("a", "b", by="h"),)).for_every_topology

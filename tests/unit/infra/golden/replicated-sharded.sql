@@ -164,7 +164,7 @@ CREATE TABLE IF NOT EXISTS event_ids_local ON CLUSTER gpumeter_cluster (
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/event_ids_local', '{replica}')
 ORDER BY id_hash
-SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384, enable_block_number_column = 1;
+SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384, enable_block_number_column = 1, merge_selector_base = 1.5;
 
 CREATE TABLE IF NOT EXISTS event_ids ON CLUSTER gpumeter_cluster AS event_ids_local
 ENGINE = Distributed(gpumeter_cluster, currentDatabase(), event_ids_local, sipHash64(event_id));
@@ -174,7 +174,7 @@ CREATE TABLE IF NOT EXISTS event_id_hashes_local ON CLUSTER gpumeter_cluster (
 )
 ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/event_id_hashes_local', '{replica}')
 ORDER BY id_hash
-SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384;
+SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384, merge_selector_base = 1.5;
 
 CREATE TABLE IF NOT EXISTS event_id_hashes ON CLUSTER gpumeter_cluster AS event_id_hashes_local
 ENGINE = Distributed(gpumeter_cluster, currentDatabase(), event_id_hashes_local, id_hash);
