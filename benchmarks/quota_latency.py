@@ -480,6 +480,9 @@ def raw_eviction(
         try:
             response: Any = evicting.create_namespaced_pod_eviction(
                 name, namespace, body, _preload_content=False, _request_timeout=15.0)
+            # The body read, as the gateway reads it: until then urllib3 keeps the connection out
+            # of the pool and the next call pays a new TLS handshake.
+            bytes(response.data or b"")
             status = int(response.status)
         except k8s.ApiException as exc:
             status = int(exc.status or 0)
