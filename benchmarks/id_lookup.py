@@ -11,7 +11,8 @@
 inserts a batch's claims, with merges running, then left until no merge runs; reported: the
 parts (and their rows), the probe's median (new ids, as below), and the rows the merges wrote
 (system.events MergedRows: the write amplification paid for fewer parts). The ratio is each
-base's probe median against the first base's.
+base's probe median against the first base's. Last, the last base's table is merged into one part
+(``OPTIMIZE ... FINAL``) and probed again: the floor that no merge policy goes below.
 
 docs/capacity.md named smaller granules for ``event_id_hashes`` as a way to cheapen the sink's
 probe at fleet scale (a probe reads one granule per id and part: 256 hashes at the shipped
@@ -125,7 +126,6 @@ def merges(args: argparse.Namespace) -> int:
                                            "ORDER BY rows DESC").split()]
             written = merged_rows() - before
             times = probe_medians(query, name, args.rows, args.ids, args.rounds)
-            query(f"DROP TABLE {name} SYNC")
             median = statistics.median(times)
             base_median = base_median or median
             results["by_merge_selector_base"][base] = {
@@ -135,6 +135,17 @@ def merges(args: argparse.Namespace) -> int:
             table.add_row(base, str(len(sizes)), ", ".join(f"{n / 1e6:.1f} M" for n in sizes[:3]),
                           f"{written:,} ({(args.rows + written) / args.rows:.1f} x the ids)",
                           f"{median * 1000:.1f} ms", f"{median / base_median:.2f}")
+            if base == args.bases[-1]:
+                # The floor of every merge policy: the same hashes in one part.
+                query(f"OPTIMIZE TABLE {name} FINAL")
+                times = probe_medians(query, name, args.rows, args.ids, args.rounds)
+                median = statistics.median(times)
+                results["one_part"] = {"probe_s": times, "probe_median_s": median,
+                                       "per_id_us": median / args.ids * 1e6, "ratio": median / base_median}
+                table.add_row("one part (OPTIMIZE FINAL)", "1", f"{args.rows / 1e6:.1f} M", "",
+                              f"{median * 1000:.1f} ms ({median / args.ids * 1e6:.1f} µs an id)",
+                              f"{median / base_median:.2f}")
+            query(f"DROP TABLE {name} SYNC")
     finally:
         shutil.rmtree(home, ignore_errors=True)
     console.print(table)
