@@ -33,6 +33,10 @@ At each size, after background merges settle (bounded by ``--settle``):
   row, "All" tenants: the time of each and the heaviest;
 - disk: bytes on disk per row of each table (system.parts, active parts, this node).
 
+``--merge-ids`` (one node): before each size's measurements, ``event_id_hashes`` and ``event_ids``
+are merged into one part each (``OPTIMIZE ... FINAL``), so the sink's two id probes run at the
+floor of every merge policy; results to capacity-curve-ids-merged-latest.json.
+
 ``--two-shards-at N`` then drops the one-node database and grows a database on a local two-shard
 cluster (testkit/clickhouse_cluster.py, both shards on this machine) to N rows, and measures the
 same there. Growth stops before a size whose rows would leave less than ``--min-free-gb`` free.
@@ -73,7 +77,7 @@ from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.core.settings import Settings, load_settings
 from gpumeter.infra import clickhouse
 from gpumeter.infra.rows import rated_row
-from gpumeter.infra.schema import EVENT_IDS
+from gpumeter.infra.schema import EVENT_ID_HASHES, EVENT_IDS
 from gpumeter.infra.tables import Topology
 from pricing import store
 from pricing.issue import close_month
@@ -85,6 +89,7 @@ from tests.support.grafana_macros import ALL, Request, Variable, expand
 console = Console()
 RESULTS = Path(__file__).resolve().parent / "results" / "capacity-curve-latest.json"
 RESULTS_SHARDS = RESULTS.with_name("capacity-curve-two-shards-latest.json")  # --skip-one-node runs
+RESULTS_IDS_MERGED = RESULTS.with_name("capacity-curve-ids-merged-latest.json")  # --merge-ids runs
 MONTH_START = datetime(2026, 11, 1, tzinfo=UTC)
 SAMPLES_START = datetime(2026, 11, 20, tzinfo=UTC)  # the rounds' samples: after the filled hours
 WINDOW_S = 15
@@ -220,6 +225,18 @@ def grow(ns: Namespace, target: int, min_free_gb: float, bytes_per_row: float) -
     finally:
         client.close()
     return True
+
+
+def merge_ids(ns: Namespace) -> float:
+    """Each id table merged into one part: the sink's probes at the floor of every merge policy."""
+    patient = patient_client(ns.settings.clickhouse.dsn)
+    began = time.perf_counter()
+    try:
+        for table in (EVENT_ID_HASHES.name, EVENT_IDS.name):
+            patient.command(f"OPTIMIZE TABLE {table} FINAL", settings={"max_execution_time": 0})
+    finally:
+        patient.close()
+    return time.perf_counter() - began
 
 
 def settle(client: Any, limit_s: float) -> float:
@@ -454,7 +471,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-free-gb", type=float, default=15)
     parser.add_argument("--two-shards-at", type=int, default=0, help="rows on two shards (0: none)")
     parser.add_argument("--skip-one-node", action="store_true", help="only the two-shard measurement")
+    parser.add_argument("--merge-ids", action="store_true",
+                        help="one node: merge event_ids and event_id_hashes into one part each before "
+                             "measuring (the id probes' floor); results to "
+                             "capacity-curve-ids-merged-latest.json")
     args = parser.parse_args(argv)
+    if args.merge_ids and (args.skip_one_node or args.two_shards_at):
+        parser.error("--merge-ids measures one node only (no --skip-one-node, no --two-shards-at)")
 
     def stop(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds through the clean-up below: workers, namespaces
@@ -462,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     sizes = [] if args.skip_one_node else [int(s) for s in args.sizes.split(",") if s]
     stages = len(sizes) + (1 if args.two_shards_at else 0)
-    path = RESULTS_SHARDS if args.skip_one_node else RESULTS
+    path = RESULTS_SHARDS if args.skip_one_node else RESULTS_IDS_MERGED if args.merge_ids else RESULTS
 
     base = load_settings()
     with console.status("starting local services..."):
@@ -521,10 +544,14 @@ def main(argv: list[str] | None = None) -> int:
                     break
                 fill_s = time.perf_counter() - began
                 settle_s = settle(curve.client, args.settle)
+                ids_merged_s = None
+                if args.merge_ids:
+                    with console.status(f"{curve.rows:,} rows: the id tables merged into one part each..."):
+                        ids_merged_s = merge_ids(curve)
                 rounds, sink_sets = stage_samples(stage)
                 measured = measure(curve, empty, rounds, sink_sets, 100_000_000 * (1 + stage))
                 stage += 1
-                measured.update({"fill_s": fill_s, "settle_s": settle_s})
+                measured.update({"fill_s": fill_s, "settle_s": settle_s, "ids_merged_s": ids_merged_s})
                 disk = measured["disk"]
                 bytes_per_row = sum(d["bytes"] for d in disk.values()) / curve.rows * 1.3  # merges' headroom
                 results["one_node"][str(curve.rows)] = measured

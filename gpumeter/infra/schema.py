@@ -141,12 +141,12 @@ EVENT_IDS_V5 = Table(
 # is the part's block number, assigned as the insert commits and kept through merges by
 # enable_block_number_column (migration 8, which gave older claims the position -1, -1).
 # The sink probes both id tables with a batch's ids, and a probe costs per part it reads (each
-# part's granules holding a batch's ids). ClickHouse's default merge selector (base 5) left
-# event_id_hashes grown by 20,000 sink-sized inserts to 300 million ids in 16 parts (three of
-# 73-106 M rows), a 15,000-id probe 454 ms; base 1.5 left 3 parts (269 M, 27 M, 3.9 M), the
-# probe 183 ms, for 2.3 x the merge writes (11 x the ids written against 5 x), which at the
-# fleet's 1,500 ids/s is a few KB/s: `python -m benchmarks.id_lookup --merges` (pipeline
-# migration 12).
+# part's granules holding a batch's ids). Grown by 20,000 sink-sized inserts to 300 million ids,
+# event_id_hashes was left by ClickHouse's default merge selector (base 5) in 6 and 16 parts
+# (two runs), a 15,000-id probe 325 and 454 ms; by base 1.5 in 5 and 3 parts, 270 and 183 ms
+# (0.83 and 0.40 x), for about twice the merge writes (12 x the ids written against 6 x), a few
+# KB/s at the fleet's 1,500 ids/s. One part would be 139 ms. `python -m benchmarks.id_lookup
+# --merges`; docs/capacity.md (pipeline migration 12).
 ID_MERGES = "merge_selector_base = 1.5"
 
 EVENT_IDS = Table(
