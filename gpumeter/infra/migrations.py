@@ -9,8 +9,10 @@ lock free and the versions it did not finish unrecorded.
 On one node the owners' migrations are replayed as written. On a cluster (``Topology`` with a
 cluster) an owner with no version applied gets its current declarations rendered for the
 topology (``ON CLUSTER``, Replicated*, ``_local`` + Distributed) and every version marked
-applied; the shipped migrations are written for one node, so an owner on a cluster that is
-behind is refused with one line (a migration meant for clusters must be written for them).
+applied. Most shipped migrations are written for one node, so an owner on a cluster that is
+behind is refused with one line, unless every migration it lacks is written for every topology
+(``Migration.for_every_topology``: settings changes only, rendered by ``ModifySettings`` for the
+layout and applied ON CLUSTER; tested on two shards here, not on replicas).
 """
 
 from __future__ import annotations
