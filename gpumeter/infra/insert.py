@@ -16,10 +16,13 @@ so the stored values are the ones the client would have stored:
   (silently: a poisoned telemetry value would be stored as "no value"). Here it is refused,
   OverflowError, as the client refuses a value it cannot encode, so the sink's permanent
   error path makes it an ``unstorable`` dead letter.
-- Digits beyond the scale: the server truncates them; the client rounds the scaled value to
-  P significant digits and then truncates, which differs when that rounding carries (a
-  ``0.99999999999999999999`` into ``Decimal(18, 6)``). Such a value (rare: rating stores
-  values at their column's scale) is sent as the text of the client's own scaled integer.
+- Digits beyond the scale: the server truncates them, and since clickhouse-connect 1.13 so does
+  the client (exactly: before 1.13 it rounded the scaled value to P significant digits first,
+  which differed when that rounding carried, a ``0.99999999999999999999`` into
+  ``Decimal(18, 6)``; pyproject.toml requires 1.13). Such a value (rare: rating stores values
+  at their column's scale) is sent as the text of the client's own scaled integer, so the text
+  path stores what the client's encoding stores whichever way that rounds
+  (tests/unit/infra/test_insert.py compares them value by value).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import MAX_PREC, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
@@ -98,9 +101,10 @@ def decimal_text(value: Any, precision: int, scale: int) -> str:
 
 
 def _scaled_text(number: Decimal, precision: int, scale: int) -> str:
-    """The value the client's encoding stores (P significant digits, then truncated), as text."""
+    """The value the client's encoding stores (the digits beyond the scale truncated), as text."""
     with localcontext() as context:
-        context.prec = precision
+        context.prec = MAX_PREC  # exact, as the client's own multiplication since 1.13
+        context.clamp = 0
         scaled = int(number * Decimal(10) ** scale)
     if abs(scaled) >= 10**precision:  # rounding carried past the precision
         raise OverflowError(f"{number} does not fit a Decimal({precision}, {scale}) column")

@@ -46,7 +46,7 @@ def rated(index: int, **changes: Any) -> tuple[Any, ...]:
 
 
 # Edge values per Decimal column: zero, integers, exponent notation, the largest that fits,
-# digits beyond the scale (truncated by both), a rounding carry (client's rounding kept).
+# digits beyond the scale (truncated by both, also where rounding would carry to the next unit).
 EDGES: list[dict[str, Any]] = [
     {"quantity": Decimal(0), "unit_seconds": Decimal("0E-30"), "list_cost": Decimal(0),
      "utilization": Decimal(0)},
@@ -75,10 +75,10 @@ def test_the_same_values_as_the_clients_own_encoding(settings: Settings) -> None
         ours, reference = stored(client, "rated_usage"), stored(client, "reference_rated")
         assert len(ours) == len(rows)
         assert ours == reference
-        # Spot checks computed by hand: truncation beyond the scale, the client's carry.
+        # Spot checks computed by hand: truncation beyond the scale, never a carry.
         by_id = {r[0]: dict(zip(RATED_USAGE.insert_columns, r, strict=True)) for r in ours}
         assert by_id["e103"]["quantity"] == "1.123456789012"
-        assert by_id["e103"]["utilization"] == "1"
+        assert by_id["e103"]["utilization"] == "0.999999"
         assert by_id["e103"]["energy_joules"] == "12.345678"
         assert by_id["e101"]["energy_joules"] == "0"  # 1E-7 at 6 places
     finally:
