@@ -106,7 +106,7 @@ def _scaled_text(number: Decimal, precision: int, scale: int) -> str:
         context.prec = MAX_PREC  # exact, as the client's own multiplication since 1.13
         context.clamp = 0
         scaled = int(number * Decimal(10) ** scale)
-    if abs(scaled) >= 10**precision:  # rounding carried past the precision
+    if abs(scaled) >= 10**precision:  # beyond the column (the check above makes this a safeguard)
         raise OverflowError(f"{number} does not fit a Decimal({precision}, {scale}) column")
     digits = str(abs(scaled)).rjust(scale + 1, "0")
     sign = "-" if scaled < 0 else ""
@@ -186,11 +186,10 @@ def insert_lines(client: Client, table: Table, rows: Sequence[Sequence[Any]],
                  settings: dict[str, Any] | None = None, project: bool = False) -> None:
     """Insert the lines ``rows`` carry (``rows.have_lines`` of a table whose columns they name).
 
-    What the server's JSON parser stores differs from ``insert_rows`` only where a value has
-    more places than its column's scale *and* more significant digits than its precision:
-    the server truncates, clickhouse-connect rounds to the precision first (a
-    ``0.99999999999999999999`` utilization: 0.999999 here, 1.000000 there). Validated and
-    rated records cannot reach that in a billed column (quantity has at most 12 places and 9
+    The server's JSON parser truncates digits beyond a column's scale, as clickhouse-connect's
+    own encoding does since 1.13 (before, it rounded to the precision first: a
+    ``0.99999999999999999999`` utilization was 0.999999 here, 1.000000 there). Validated and
+    rated records carry no such digits in a billed column (quantity has at most 12 places and 9
     integer digits, unit_seconds 21 places, list cost 18), only in telemetry. A value beyond
     a column's digits is refused by the server (code 69, permanent) as ``insert_rows``
     refuses it; integers wrap in the server's parser (3000000000 into Int32), so only
