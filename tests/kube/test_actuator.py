@@ -982,6 +982,9 @@ def test_decisions_are_kubernetes_events_a_person_can_read(
     warning = warning.model_copy(update={"threshold": Decimal("0.8")})
     publish(settings, warning, quota_event(tenant, "gpu_hours", "exceeded", limit="10.000000", used="10.5"))
     eventually(lambda: cluster.gone(first, "trainer"), "trainer evicted")
+    # The actuator posts its Events beside its calls, not before them: the pod can be gone before
+    # the "Evicted" Event is stored (seen once in CI), so wait for it as for the crossings below.
+    eventually(lambda: "Evicted" in events_of(first, "Pod", "trainer"), "the Evicted event posted")
     on_pod = events_of(first, "Pod", "trainer")
     assert on_pod["EvictionNotice"].startswith(
         f"gpumeter: tenant {tenant} over gpu_hours quota: used 10.5 of 10.000000")
