@@ -227,18 +227,6 @@ def grow(ns: Namespace, target: int, min_free_gb: float, bytes_per_row: float) -
     return True
 
 
-def merge_ids(ns: Namespace) -> float:
-    """Each id table merged into one part: the sink's probes at the floor of every merge policy."""
-    patient = patient_client(ns.settings.clickhouse.dsn)
-    began = time.perf_counter()
-    try:
-        for table in (EVENT_ID_HASHES.name, EVENT_IDS.name):
-            patient.command(f"OPTIMIZE TABLE {table} FINAL", settings={"max_execution_time": 0})
-    finally:
-        patient.close()
-    return time.perf_counter() - began
-
-
 def settle(client: Any, limit_s: float) -> float:
     """Wait (bounded) for background merges: a month of ingest would have merged its parts."""
     began = time.time()
@@ -407,11 +395,20 @@ def measure(ns: Namespace, empty: Namespace, rounds: list[list[dict[str, Any]]],
 
 
 def force_merge(ns: Namespace) -> float:
-    """What min_age_to_force_merge does to each day an hour after its last insert, done now (on
-    two shards, on each shard's local table in turn)."""
+    """What min_age_to_force_merge does to each day an hour after its last insert, done now."""
+    return optimize_final(ns, "rated_usage")
+
+
+def merge_ids(ns: Namespace) -> float:
+    """Each id table merged into one part: the sink's probes at the floor of every merge policy."""
+    return optimize_final(ns, EVENT_ID_HASHES.name, EVENT_IDS.name)
+
+
+def optimize_final(ns: Namespace, *tables: str) -> float:
+    """``OPTIMIZE ... FINAL`` of ``tables`` (on two shards, each shard's local table in turn)."""
     database = clickhouse.parse_dsn(ns.settings.clickhouse.dsn).database
-    targets = ([(f"{url}/{database}", "rated_usage_local") for url in ns.node_urls] if ns.sharded
-               else [(ns.settings.clickhouse.dsn, "rated_usage")])
+    targets = ([(f"{url}/{database}", f"{table}_local") for table in tables for url in ns.node_urls]
+               if ns.sharded else [(ns.settings.clickhouse.dsn, table) for table in tables])
     seconds = 0.0
     for dsn, table in targets:
         patient = patient_client(dsn)

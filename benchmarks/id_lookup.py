@@ -56,31 +56,28 @@ INSERTS = 30
 HASH = "sipHash64(concat('id-', toString(number)))"  # the sink's sipHash64(event_id) of made-up ids
 
 
-def declared(granularity: int) -> str:
-    settings = (EVENT_ID_HASHES.settings or "").replace("index_granularity = 256",
-                                                          f"index_granularity = {granularity}")
-    return replace(EVENT_ID_HASHES, settings=settings).create_sql(f"hashes_{granularity}")
+def declared(name: str, setting: str, value: object) -> str:
+    """``EVENT_ID_HASHES`` as ``name``, with only ``setting`` changed to ``value``."""
+    settings = re.sub(rf"{setting} = [0-9.]+", f"{setting} = {value}", EVENT_ID_HASHES.settings or "")
+    return replace(EVENT_ID_HASHES, settings=settings).create_sql(name)
 
 
-def with_merge_base(base: str, name: str) -> str:
-    return replace(EVENT_ID_HASHES, settings=re.sub(r"merge_selector_base = [0-9.]+",
-                                                    f"merge_selector_base = {base}",
-                                                    EVENT_ID_HASHES.settings or "")).create_sql(name)
+def probe(query: Any, table: str, start: int, ids: int) -> float:
+    """One probe of the ids ``start`` .. ``start + ids`` (never stored), as the sink's
+    ``_first_claims`` asks; its seconds."""
+    began = time.perf_counter()
+    found = query(f"SELECT count() FROM {table} WHERE id_hash IN "
+                  f"(SELECT {HASH} FROM numbers({start}, {ids}))")
+    seconds = time.perf_counter() - began
+    if found.strip() != "0":
+        raise AssertionError(f"ids never stored were found: {found.strip()}")
+    return seconds
 
 
-def probe_medians(query: Any, table: str, rows: int, ids: int, rounds: int, seed: int = 7) -> list[float]:
-    """``rounds`` probes of ``ids`` new ids (never stored), as the sink's ``_first_claims`` asks."""
+def probes(query: Any, table: str, rows: int, ids: int, rounds: int, seed: int = 7) -> list[float]:
+    """``rounds`` probes of ``ids`` new ids."""
     rng = random.Random(seed)
-    times = []
-    for _ in range(rounds):
-        start = rows + rng.randrange(10 * rows)
-        began = time.perf_counter()
-        found = query(f"SELECT count() FROM {table} WHERE id_hash IN "
-                      f"(SELECT {HASH} FROM numbers({start}, {ids}))")
-        times.append(time.perf_counter() - began)
-        if found.strip() != "0":
-            raise AssertionError(f"ids never stored were found: {found.strip()}")
-    return times
+    return [probe(query, table, rows + rng.randrange(10 * rows), ids) for _ in range(rounds)]
 
 
 def merges(args: argparse.Namespace) -> int:
@@ -109,7 +106,7 @@ def merges(args: argparse.Namespace) -> int:
         query("USE bench")
         for base in args.bases:
             name = "hashes_" + base.replace(".", "_")
-            query(with_merge_base(base, name))
+            query(declared(name, "merge_selector_base", base))
             before = merged_rows()
             began = time.perf_counter()
             with Progress(console=console, transient=True) as progress:
@@ -125,7 +122,7 @@ def merges(args: argparse.Namespace) -> int:
             sizes = [int(v) for v in query(f"SELECT rows FROM system.parts WHERE table = '{name}' AND active "
                                            "ORDER BY rows DESC").split()]
             written = merged_rows() - before
-            times = probe_medians(query, name, args.rows, args.ids, args.rounds)
+            times = probes(query, name, args.rows, args.ids, args.rounds)
             median = statistics.median(times)
             base_median = base_median or median
             results["by_merge_selector_base"][base] = {
@@ -138,7 +135,7 @@ def merges(args: argparse.Namespace) -> int:
             if base == args.bases[-1]:
                 # The floor of every merge policy: the same hashes in one part.
                 query(f"OPTIMIZE TABLE {name} FINAL")
-                times = probe_medians(query, name, args.rows, args.ids, args.rounds)
+                times = probes(query, name, args.rows, args.ids, args.rounds)
                 median = statistics.median(times)
                 results["one_part"] = {"probe_s": times, "probe_median_s": median,
                                        "per_id_us": median / args.ids * 1e6, "ratio": median / base_median}
@@ -189,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("filling", total=len(args.granularity) * INSERTS)
             for granularity in args.granularity:
-                query(declared(granularity))
+                query(declared(f"hashes_{granularity}", "index_granularity", granularity))
                 for index in range(INSERTS):
                     query(f"INSERT INTO hashes_{granularity} SELECT {HASH} "
                           f"FROM numbers({index * chunk}, {chunk})")
@@ -201,12 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             order = args.granularity if number % 2 == 0 else list(reversed(args.granularity))
             start = args.rows + rng.randrange(10 * args.rows)  # ids never stored
             for granularity in order:
-                began = time.perf_counter()
-                found = query(f"SELECT count() FROM hashes_{granularity} WHERE id_hash IN "
-                              f"(SELECT {HASH} FROM numbers({start}, {args.ids}))")
-                times[granularity].append(time.perf_counter() - began)
-                if found.strip() != "0":
-                    raise AssertionError(f"ids never stored were found: {found.strip()}")
+                times[granularity].append(probe(query, f"hashes_{granularity}", start, args.ids))
         base = statistics.median(times[args.granularity[0]])
         table = Table("index_granularity", "parts", "primary index in memory", "probe median", "ratio",
                       title=f"probe of {args.ids:,} new ids in {args.rows:,} hashes, {args.rounds} rounds")
