@@ -6,8 +6,8 @@ its copies (contract 1):
 1. inside the batch the first copy of an id wins; a later copy with the same billing fields
    is a duplicate, one with other fields a conflict;
 2. the ids are looked up in ``event_ids``, the claims on every id (any tenant, any month;
-   ordered by a hash of the id, so one small granule per id; its hashes alone are probed
-   first in ``event_id_hashes``, which a view fills). The first claim of an id decides: its
+   ordered by a hash of the id, so one small granule per id and part; the server returns each
+   id's first claim, and nothing for a new id). The first claim of an id decides: its
    own copy again (same source position: a replay after a crash) is stored if it is not yet;
    the same fields from elsewhere, a duplicate; other fields, a conflict, returned in
    ``StoreResult.conflicts`` for the caller to dead-letter (reason ``duplicate_conflict``);
@@ -63,7 +63,7 @@ from gpumeter.core import jsonio
 from gpumeter.infra import clickhouse
 from gpumeter.infra.insert import insert_lines, insert_rows
 from gpumeter.infra.rows import Row, have_lines
-from gpumeter.infra.schema import DEAD_LETTERS, EVENT_ID_HASHES, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
+from gpumeter.infra.schema import DEAD_LETTERS, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from gpumeter.infra.tables import SINGLE_NODE, Table, Topology
 
 log = logging.getLogger(__name__)
@@ -204,15 +204,6 @@ _CLAIM_COLUMNS = ", ".join((*FINGERPRINT_COLUMNS, "source_partition", "source_of
 _CLAIM_VALUES = tuple(RATED_USAGE.insert_columns.index(name) for name in EVENT_IDS.insert_columns)
 
 
-def _first_of(found: Sequence[Sequence[Any]]) -> dict[str, Claim]:
-    """Rows of (event_id, fields..., partition, offset), first claim first: each id's first."""
-    first: dict[str, Claim] = {}
-    for row in found:
-        if row[0] not in first:
-            first[row[0]] = Claim(fingerprint(row[1:-2]), (int(row[-2]), int(row[-1])))
-    return first
-
-
 class BadRecord(ValueError):
     """A record on an internal topic that does not have the shape we wrote."""
 
@@ -323,26 +314,40 @@ class ClickHouseSink:
         return own
 
     def _first_claims(self, client: Client, ids: list[str]) -> dict[str, Claim]:
-        """The first claim on each of these ids that has any.
+        """The first claim on each of these ids that has any: one read of ``event_ids`` on its
+        sort key (``_claims_of``), nothing returned for the ids nobody claimed yet."""
+        return self._claims_of(client, ids, contested_only=False)
 
-        The batch's hashes are probed in event_id_hashes (one granule of bare hashes per id
-        and part, few parts); event_ids is read only for the hashes found there, on its sort
-        key, and none at all when every id is new. On a sharded cluster both are Distributed
-        tables: GLOBAL IN computes the hashes found once, on the node asking, and sends them to
-        every shard (a plain IN would have each shard read event_id_hashes of every shard, which
-        the server refuses: distributed_product_mode). An id's claims all sit on the shard of its
-        hash, so the order of their _block_number is that shard's commit order. A claim whose
-        hash is not visible yet (its insert is still filling the view) is missed here and found
-        by ``_contested``.
+    @staticmethod
+    def _claims_of(client: Client, ids: list[str], contested_only: bool) -> dict[str, Claim]:
+        """Each id's first claim, computed by the server: the claim with the lowest
+        ``_block_number`` (``argMin`` of the claim as one tuple: argMin skips NULLs in a
+        Nullable argument, a tuple of them is never NULL), and with ``contested_only`` only
+        for the ids more than one claim names.
+
+        One read of ``event_ids`` on its sort key: PREWHERE reads only the uncompressed
+        ``id_hash`` column, one granule per id and part, and the rest of a row only for the
+        hashes it matches. Before, ``_first_claims`` probed ``event_id_hashes`` first and then
+        read ``event_ids`` for the hashes found, and ``_contested`` read ``event_ids`` twice (a
+        GLOBAL IN of the ids with several claims, then their claims); measured on one engine,
+        15,000 new ids against 30 M claims, the probe and the contest cost 430 + 370 ms in 30
+        parts and 210 + 360 ms in one, and 310 + 320 / 220 + 230 ms read this way. On a sharded
+        cluster ``event_ids`` is a Distributed table: the batch's ids travel to every shard as
+        the external table, an id's claims all sit on the shard of its hash (so the order of
+        their ``_block_number`` is that shard's commit order), and the shards' partial
+        aggregates merge on the node asking.
         """
+        if not ids:
+            return {}
+        having = " HAVING claims > 1" if contested_only else ""
         found = client.query(
-            f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
-            f"PREWHERE id_hash GLOBAL IN (SELECT id_hash FROM {EVENT_ID_HASHES.name} "
-            f"WHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE})) "
-            f"WHERE event_id IN {IDS_TABLE} ORDER BY _block_number",
+            f"SELECT event_id, argMin(({_CLAIM_COLUMNS}), _block_number), count() AS claims "
+            f"FROM {EVENT_IDS.name} PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
+            f"WHERE event_id IN {IDS_TABLE} GROUP BY event_id{having}",
             external_data=ids_table(ids),
         ).result_rows
-        return _first_of(found)
+        return {event_id: Claim(fingerprint(first[:-2]), (int(first[-2]), int(first[-1])))
+                for event_id, first, _ in found}
 
     def _claim(self, client: Client, rows: list[Row]) -> None:
         """Claim these rows' ids: their billing fields and source position into event_ids.
@@ -367,20 +372,9 @@ class ClickHouseSink:
 
     def _contested(self, client: Client, ids: list[str]) -> dict[str, Claim]:
         """The first claim on each of these just-claimed ids that more than one claim names,
-        read from event_ids itself (not through the hash table, which a concurrent claim may
-        not have reached yet)."""
-        if not ids:
-            return {}
-        found = client.query(
-            f"SELECT event_id, {_CLAIM_COLUMNS} FROM {EVENT_IDS.name} "
-            f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
-            f"WHERE event_id GLOBAL IN (SELECT event_id FROM {EVENT_IDS.name} "
-            f"PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
-            f"WHERE event_id IN {IDS_TABLE} GROUP BY event_id HAVING count() > 1) "
-            f"ORDER BY _block_number",
-            external_data=ids_table(ids),
-        ).result_rows
-        return _first_of(found)
+        read from event_ids after our own claims were inserted: a claim that committed before
+        ours has a lower block number and is visible to this read."""
+        return self._claims_of(client, ids, contested_only=True)
 
     def _already_inserted(self, client: Client, rows: list[Row], scope: dict[str, Any]) -> set[str]:
         """Ids of these rows already in rated_usage (inserted before an ambiguous failure or a

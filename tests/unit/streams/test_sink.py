@@ -108,14 +108,20 @@ class FakeClickHouseClient:
         wanted = {line.encode().decode("unicode_escape")
                   for line in external_data.files[0].data.decode().splitlines()}
         if "FROM event_ids" in sql:
-            assert sql.endswith("ORDER BY _block_number"), sql  # the first claim first
+            # The server's answer to ``argMin((claim...), _block_number), count() AS claims ...
+            # GROUP BY event_id [HAVING claims > 1]``: self.event_ids is in commit order, so an
+            # id's first claim is its first row here; the claim comes back as one tuple.
+            assert "argMin((" in sql and "_block_number)" in sql and "GROUP BY event_id" in sql, sql
             width = 1 + len(FINGERPRINT_COLUMNS)
-            claims = [(*stored[:width], stored[_CLAIM_PARTITION], stored[_CLAIM_OFFSET])
-                      for stored in self.event_ids if stored[0] in wanted]
-            if "HAVING count() > 1" in sql:
-                counts = Counter(claim[0] for claim in claims)
-                claims = [claim for claim in claims if counts[claim[0]] > 1]
-            return FakeResult(claims)
+            counts = Counter(stored[0] for stored in self.event_ids if stored[0] in wanted)
+            first: dict[str, tuple[Any, ...]] = {}
+            for stored in self.event_ids:
+                if stored[0] in wanted:
+                    first.setdefault(stored[0], (*stored[1:width], stored[_CLAIM_PARTITION],
+                                                 stored[_CLAIM_OFFSET]))
+            minimum = 2 if "HAVING claims > 1" in sql else 1
+            return FakeResult([(event_id, claim, counts[event_id]) for event_id, claim in first.items()
+                               if counts[event_id] >= minimum])
         return FakeResult([(row[0],) for row in self.tables["rated_usage"] if row[0] in wanted])
 
     def insert(self, table: str | None = None, data: Sequence[Sequence[Any]] | None = None,
