@@ -11,8 +11,8 @@ cluster) an owner with no version applied gets its current declarations rendered
 topology (``ON CLUSTER``, Replicated*, ``_local`` + Distributed) and every version marked
 applied. Most shipped migrations are written for one node, so an owner on a cluster that is
 behind is refused with one line, unless every migration it lacks is written for every topology
-(``Migration.for_every_topology``: settings changes only, rendered by ``ModifySettings`` for the
-layout and applied ON CLUSTER; tested on two shards here, not on replicas).
+(``Migration.for_every_topology``: settings changes and drops only, rendered by ``ModifySettings``
+and ``Drop`` for the layout and applied ON CLUSTER; tested on two shards here, not on replicas).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from gpumeter.infra import claims
 from gpumeter.infra.tables import (
     SINGLE_NODE,
     Column,
+    Drop,
     ModifySettings,
     SchemaOwner,
     Step,
@@ -176,12 +177,12 @@ def migrate(client: Client, owners: Sequence[SchemaOwner], topology: Topology = 
 
 
 def run_statement(client: Client, statement: Step, topology: Topology = SINGLE_NODE) -> None:
-    """One step of a migration: a statement, a settings change rendered for ``topology``, or a
-    copy made one partition at a time."""
+    """One step of a migration: a statement, a settings change or a drop rendered for
+    ``topology``, or a copy made one partition at a time."""
     if isinstance(statement, str):
         client.command(statement)
         return
-    if isinstance(statement, ModifySettings):
+    if isinstance(statement, ModifySettings | Drop):
         for sql in statement.statements(topology):
             client.command(sql)
         return

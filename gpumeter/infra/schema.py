@@ -22,7 +22,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpumeter.infra.tables import Column, CopyByPartition, Migration, ModifySettings, SchemaOwner, Table, View
+from gpumeter.infra.tables import (
+    Column,
+    CopyByPartition,
+    Drop,
+    Migration,
+    ModifySettings,
+    SchemaOwner,
+    Table,
+    View,
+)
 
 INSERT_DEDUP_WINDOW = 10_000
 _DEDUP_WINDOW = f"non_replicated_deduplication_window = {INSERT_DEDUP_WINDOW}"
@@ -163,13 +172,11 @@ EVENT_IDS = Table(
     shard_by=BY_ID_HASH,
 )
 
-# Which id hashes event_ids holds, and nothing else: probed first, so that the wide
-# event_ids is read only for the hashes found here (almost never: a batch's ids are new).
-# Its 8-byte rows merge cheaply into a few large parts, and a lookup's cost is per granule
-# and part (measured: docs/decisions/0003-idempotency-in-layers.md).
-# Filled by a view from every insert into event_ids, in the same statement; a hash here
-# whose row event_ids lacks (a view insert retried) is harmless: the probe's second step
-# reads event_ids itself.
+# Which id hashes event_ids holds, and nothing else, filled by a view from every insert into
+# event_ids (migrations 7 to 12): the sink probed it first, so that the wide event_ids was read
+# only for the hashes found here. Dropped by migration 13: a read of event_ids itself, PREWHERE
+# on its uncompressed id_hash, costs no more than this probe (the same 8 bytes a row and the
+# same granules), and the sink reads event_ids once a batch now (streams/sink.py _claims_of).
 EVENT_ID_HASHES = Table(
     name="event_id_hashes",
     columns=(Column("id_hash", "UInt64", codec="NONE"),),
@@ -404,13 +411,18 @@ PIPELINE = SchemaOwner(
         Migration(12, "id tables merge into fewer parts: the sink's probe reads fewer", (
             ModifySettings(EVENT_IDS, ID_MERGES), ModifySettings(EVENT_ID_HASHES, ID_MERGES),
         )),
+        # Nothing reads event_id_hashes since the sink reads event_ids once a batch: the view
+        # stops writing it, then the table goes. Written for every topology, re-runnable.
+        Migration(13, "event_id_hashes dropped: the sink reads event_ids alone", (
+            Drop(EVENT_ID_HASHES_VIEW), Drop(EVENT_ID_HASHES),
+        )),
     ),
-    # What migrations 1 to 12 leave, for a fresh cluster database (the insert deduplication
+    # What migrations 1 to 13 leave, for a fresh cluster database (the insert deduplication
     # windows were set by migration 5). tests/integration/test_cluster_schema.py compares it
     # with a database the migrations built.
     current=(
         replace(RATED_USAGE, dedup_window=INSERT_DEDUP_WINDOW), DEAD_LETTERS,
         replace(USAGE_HOURLY, dedup_window=INSERT_DEDUP_WINDOW), USAGE_HOURLY_VIEW,
-        QUOTA_EVENTS, PREEMPTIONS, EVENT_IDS, EVENT_ID_HASHES, EVENT_ID_HASHES_VIEW, GRANTS,
+        QUOTA_EVENTS, PREEMPTIONS, EVENT_IDS, GRANTS,
     ),
 )

@@ -275,7 +275,24 @@ class ModifySettings:
                 f"MODIFY SETTING {self.settings}",)
 
 
-Step = str | CopyByPartition | ModifySettings
+@dataclass(frozen=True)
+class Drop:
+    """A migration step that drops a view or a table nothing reads any more, written once for
+    every topology: ``ON CLUSTER`` on a cluster, and for a sharded table its Distributed table
+    first, then the ``_local`` table holding the rows. ``IF EXISTS`` and ``SYNC`` (the data goes
+    now, not after the Atomic database's delay), so a migration made of these steps is re-runnable
+    and applied on clusters too."""
+
+    declaration: Table | View
+
+    def statements(self, topology: Topology = SINGLE_NODE) -> tuple[str, ...]:
+        if isinstance(self.declaration, View):
+            return (f"DROP VIEW IF EXISTS {self.declaration.name}{topology.on_cluster} SYNC",)
+        names = dict.fromkeys((self.declaration.name, self.declaration.local_name(topology)))
+        return tuple(f"DROP TABLE IF EXISTS {name}{topology.on_cluster} SYNC" for name in names)
+
+
+Step = str | CopyByPartition | ModifySettings | Drop
 
 
 @dataclass(frozen=True)
@@ -289,7 +306,7 @@ class Migration:
     @property
     def for_every_topology(self) -> bool:
         """Written for clusters as well as one node (every step renders for its topology)."""
-        return all(isinstance(step, ModifySettings) for step in self.statements)
+        return all(isinstance(step, ModifySettings | Drop) for step in self.statements)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,14 @@ import pytest
 
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
-from gpumeter.infra.schema import INSERT_DEDUP_WINDOW, PIPELINE, RATED_USAGE, RATED_USAGE_V4
+from gpumeter.infra.schema import (
+    EVENT_ID_HASHES_V7,
+    EVENT_ID_HASHES_VIEW,
+    INSERT_DEDUP_WINDOW,
+    PIPELINE,
+    RATED_USAGE,
+    RATED_USAGE_V4,
+)
 from tests.integration.test_dedup import CREATE_QUERY, rerun
 from tests.support.migrations import pipeline_since
 
@@ -58,13 +65,17 @@ def expected_totals() -> list[tuple[str, str, Decimal]]:
 
 def rewind_to_pipeline_10(client: Any) -> None:
     """rated_usage as migrations 1 to 10 left it (one partition a month), holding ROWS rows in
-    several parts, and one exact copy of e5 (stored twice, as by two racing sinks)."""
+    several parts, and one exact copy of e5 (stored twice, as by two racing sinks); the id
+    hashes beside event_ids."""
     client.command("DROP VIEW IF EXISTS usage_hourly_mv")
     client.command("DROP TABLE IF EXISTS rated_usage")
     client.command("TRUNCATE TABLE usage_hourly")
     client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 11")
     client.command(replace(RATED_USAGE_V4, dedup_window=INSERT_DEDUP_WINDOW).create_sql())
     client.command(next(m for m in PIPELINE.migrations if m.version == 1).statements[-1])  # the rollup's view
+    # The id hashes and their view, as migration 7 made them (migration 13 drops them).
+    client.command(EVENT_ID_HASHES_V7.create_sql())
+    client.command(EVENT_ID_HASHES_VIEW.create_sql())
     for first in range(0, ROWS, 500):
         client.command(INSERT.format(first=first, count=500))
     client.command(INSERT.format(first=5, count=1), settings={"insert_deduplicate": 0})

@@ -28,7 +28,7 @@ from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra import kafka as gkafka
-from gpumeter.infra.schema import GRANTS
+from gpumeter.infra.schema import EVENT_ID_HASHES_V7, EVENT_ID_HASHES_VIEW, GRANTS
 from insights.tables import BUDGET_LINES, FORECASTS
 from streams.sink import ClickHouseSink, connector
 from testkit.builders import random_samples, sample
@@ -240,41 +240,55 @@ def test_a_refused_rows_claim_is_withdrawn_on_shards_so_a_later_good_copy_is_bil
     assert query(sharded, "SELECT count() FROM event_ids WHERE event_id = 'poisoned-1'") == [(1,)]
 
 
-def test_a_settings_migration_is_applied_on_every_shard_and_a_one_node_migration_still_refused(
+def test_settings_and_drop_migrations_are_applied_on_every_shard_and_a_one_node_migration_still_refused(
     endpoints: Endpoints, cluster: TwoShards, namespaces: Namespaces, tmp_path: Path
 ) -> None:
-    """Pipeline migration 12 (the id tables' merge setting) is written for every topology: a
-    cluster database made before it gets it on each shard's ``_local`` tables through ON CLUSTER.
-    A missing migration written for one node is refused as before, with nothing applied."""
+    """Pipeline migrations 12 (the id tables' merge setting) and 13 (event_id_hashes dropped)
+    are written for every topology: a cluster database made before them gets them on each
+    shard's ``_local`` tables through ON CLUSTER. A missing migration written for one node is
+    refused as before, with nothing applied."""
     sharded = isolated_settings(endpoints, tmp_path, clickhouse_url=cluster.url)
     sharded.clickhouse.cluster, sharded.clickhouse.sharded = cluster.topology.cluster, True
     namespaces.add(sharded, topics=False)
     database = clickhouse.parse_dsn(sharded.clickhouse.dsn).database
     client = clickhouse.connect(sharded.clickhouse.dsn)
 
-    def engines() -> list[list[str]]:
-        """Each node's id tables' engine settings, in node order."""
+    def engines(tables: tuple[str, ...] = ("event_ids_local", "event_id_hashes_local")) -> list[list[str]]:
+        """Each node's engine settings of these tables (those it has), in node order."""
+        names = ", ".join(f"'{table}'" for table in tables)
         return [[str(row[0]) for row in query(
             sharded, "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
-                     "AND name IN ('event_ids_local', 'event_id_hashes_local') ORDER BY name", url)]
+                     f"AND name IN ({names}) ORDER BY name", url)]
             for url in cluster.node_urls()]
+
+    def hash_tables() -> list[int]:
+        """How many of event_id_hashes, its _local table and its view each node has."""
+        names = "'event_id_hashes', 'event_id_hashes_local', 'event_id_hashes_mv'"
+        return [query(sharded, "SELECT count() FROM system.tables WHERE database = currentDatabase() "
+                               f"AND name IN ({names})", url)[0][0] for url in cluster.node_urls()]
 
     try:
         schema.migrate(client, cluster.topology)
         assert all("merge_selector_base = 1.5" in engine for node in engines() for engine in node)
-        # The database as it stood at version 11, on every node.
+        assert hash_tables() == [0, 0]
+        # The database as it stood at version 11, on every node: event_id_hashes as migration 7
+        # made it, fed by its view, and event_ids without the merge setting.
+        for statement in (*EVENT_ID_HASHES_V7.create_statements(cluster.topology),
+                          EVENT_ID_HASHES_VIEW.create_sql(cluster.topology)):
+            client.command(statement)
         for url in cluster.node_urls():
             node = clickhouse.connect(f"{url}/{database}", create_database=False)
             try:
-                for table in ("event_ids_local", "event_id_hashes_local"):
-                    node.command(f"ALTER TABLE {table} RESET SETTING merge_selector_base")
+                node.command("ALTER TABLE event_ids_local RESET SETTING merge_selector_base")
             finally:
                 node.close()
-        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version = 12")
+        client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 12")
+        assert hash_tables() == [3, 3]
         assert not any("merge_selector_base" in engine for node in engines() for engine in node)
 
-        assert schema.migrate(client, cluster.topology) == ["pipeline/12"]
-        assert [len(node) for node in engines()] == [2, 2]
+        assert schema.migrate(client, cluster.topology) == ["pipeline/12", "pipeline/13"]
+        assert hash_tables() == [0, 0]
+        assert [len(node) for node in engines(("event_ids_local",))] == [1, 1]
         assert all("merge_selector_base = 1.5" in engine for node in engines() for engine in node)
 
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 11")
@@ -282,6 +296,6 @@ def test_a_settings_migration_is_applied_on_every_shard_and_a_one_node_migration
             schema.migrate(client, cluster.topology)
         applied = {version for (version,) in client.query(
             "SELECT version FROM schema_migrations WHERE owner = 'pipeline'").result_rows}
-        assert 11 not in applied and 12 not in applied
+        assert applied.isdisjoint({11, 12, 13})
     finally:
         client.close()

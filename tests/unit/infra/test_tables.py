@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from gpumeter.infra.schema import EVENT_IDS
-from gpumeter.infra.tables import Column, CopyByPartition, Migration, ModifySettings, Table, Topology
+from gpumeter.infra.tables import (
+    Column,
+    CopyByPartition,
+    Drop,
+    Migration,
+    ModifySettings,
+    Table,
+    Topology,
+    View,
+)
 
 
 def test_a_column_codec_follows_its_default_and_comment() -> None:
@@ -37,9 +48,26 @@ def test_a_settings_step_alters_the_table_that_holds_the_rows_on_every_topology(
         "ALTER TABLE ledger ON CLUSTER c1 MODIFY SETTING x = 1",)
 
 
-def test_only_a_migration_of_settings_steps_is_written_for_every_topology() -> None:
+def test_a_drop_step_drops_the_distributed_table_then_the_rows_on_every_topology() -> None:
+    ids = Table(name="ids", columns=(Column("h", "UInt64"),), engine="MergeTree", order_by="h", shard_by="h")
+    hashes = replace(ids, name="hashes")
+    view = View("hashes_mv", hashes, ids, "SELECT h FROM {source}")
+    assert Drop(ids).statements() == ("DROP TABLE IF EXISTS ids SYNC",)
+    assert Drop(ids).statements(Topology("c1", replicated=True)) == (
+        "DROP TABLE IF EXISTS ids ON CLUSTER c1 SYNC",)
+    assert Drop(ids).statements(Topology("c1", sharded=True)) == (
+        "DROP TABLE IF EXISTS ids ON CLUSTER c1 SYNC", "DROP TABLE IF EXISTS ids_local ON CLUSTER c1 SYNC")
+    assert Drop(view).statements() == ("DROP VIEW IF EXISTS hashes_mv SYNC",)
+    assert Drop(view).statements(Topology("c1", sharded=True)) == (
+        "DROP VIEW IF EXISTS hashes_mv ON CLUSTER c1 SYNC",)
+
+
+def test_only_a_migration_of_settings_and_drop_steps_is_written_for_every_topology() -> None:
     ids = Table(name="ids", columns=(Column("h", "UInt64"),), engine="MergeTree", order_by="h")
     assert Migration(1, "settings", (ModifySettings(ids, "x = 1"),)).for_every_topology
+    assert Migration(4, "settings and drops", (ModifySettings(ids, "x = 1"), Drop(ids))).for_every_topology
+    assert not Migration(5, "drop and a statement", (Drop(ids), "CREATE TABLE ids2 AS ids")
+                         ).for_every_topology
     assert not Migration(2, "mixed", (ModifySettings(ids, "x = 1"), "ALTER TABLE ids ADD COLUMN y UInt8")
                          ).for_every_topology
     assert not Migration(3, "copy", (CopyByPartition("a", "b", by="h"),)).for_every_topology
