@@ -13,8 +13,8 @@ database, consumer group, one `gpumeter worker` each), dropped afterwards:
   of ``--sizes`` in turn. The rows are a 10,000-GPU fleet's month from its first second, as the
   sink would have stored them: 1,500 samples/s (``benchmarks/fleet_realtime.py``), so 22,500
   rated rows per 15 s window; 7,500 pods on 1,250 nodes of 8 GPUs (10,000 GPUs held), each pod
-  one gpu, cpu and memory row per window; 1,000 tenants; event_ids gets each row's claim, the
-  rollup view fills usage_hourly; inserted_at is the window's end
+  one gpu, cpu and memory row per window; 1,000 tenants; event_ids gets each row's claim and
+  event_id_hashes its hash, the rollup view fills usage_hourly; inserted_at is the window's end
   + 20 s, as a worker keeping up would have stored it. 300 million rows are the
   month's first 55.6 hours; the month is ~3.9 billion.
 
@@ -23,7 +23,7 @@ At each size, after background merges settle (bounded by ``--settle``):
   namespaces, in alternating order; samples/s = samples / (last row visible - first publish);
   the ratio is the median of the rounds' curve / empty (goal >= 0.8 at the largest size);
 - the sink alone on ``--sink-batches`` batches of ``worker.sink_batch_size`` fresh rows: the id
-  lookup (ClickHouseSink._first_claims, the per-batch read of event_ids) and the
+  lookup (ClickHouseSink._first_claims, the per-batch probe of event_id_hashes/event_ids) and the
   whole store_rated, ms per batch, curve and empty;
 - `invoice close` of 2026-11 (pricing.issue.close_month: every tenant, JSON files), the ledger
   emptied first so every size measures a first close, against a plain aggregate of the same rows
@@ -33,9 +33,9 @@ At each size, after background merges settle (bounded by ``--settle``):
   row, "All" tenants: the time of each and the heaviest;
 - disk: bytes on disk per row of each table (system.parts, active parts, this node).
 
-``--merge-ids`` (one node): before each size's measurements, ``event_ids`` is merged into one
-part (``OPTIMIZE ... FINAL``), so the sink's id reads run at the floor of every merge policy;
-results to capacity-curve-ids-merged-latest.json.
+``--merge-ids`` (one node): before each size's measurements, ``event_id_hashes`` and ``event_ids``
+are merged into one part each (``OPTIMIZE ... FINAL``), so the sink's id probes run at the
+floor of every merge policy; results to capacity-curve-ids-merged-latest.json.
 
 ``--two-shards-at N`` then drops the one-node database and grows a database on a local two-shard
 cluster (testkit/clickhouse_cluster.py, both shards on this machine) to N rows, and measures the
@@ -77,7 +77,7 @@ from gpumeter.core.ratecard import load_rate_cards
 from gpumeter.core.settings import Settings, load_settings
 from gpumeter.infra import clickhouse
 from gpumeter.infra.rows import rated_row
-from gpumeter.infra.schema import EVENT_IDS
+from gpumeter.infra.schema import EVENT_ID_HASHES, EVENT_IDS
 from gpumeter.infra.tables import Topology
 from pricing import store
 from pricing.issue import close_month
@@ -147,6 +147,8 @@ FROM ({generator})
 """
 
 CLAIM_FILL = "INSERT INTO event_ids ({columns}) SELECT {columns} FROM ({generator})"
+# The claims' hashes, as the sink stores them beside its claims (pipeline migration 13).
+HASH_FILL = "INSERT INTO event_id_hashes (id_hash) SELECT sipHash64(event_id) FROM ({generator})"
 
 
 def generator(offset: int, count: int) -> str:
@@ -212,6 +214,7 @@ def grow(ns: Namespace, target: int, min_free_gb: float, bytes_per_row: float) -
             text = generator(ns.rows, count)
             settings = {"max_insert_threads": 2, "max_execution_time": 0}
             client.command(RATED_FILL.format(generator=text), settings=settings)
+            client.command(HASH_FILL.format(generator=text), settings=settings)
             client.command(CLAIM_FILL.format(columns=columns, generator=text), settings=settings)
             ns.rows += count
             console.log(f"{ns.level}: {ns.rows:,} rows generated, {free_gb():.1f} GB free, "
@@ -400,8 +403,8 @@ def force_merge(ns: Namespace) -> float:
 
 
 def merge_ids(ns: Namespace) -> float:
-    """event_ids merged into one part: the sink's id reads at the floor of every merge policy."""
-    return optimize_final(ns, EVENT_IDS.name)
+    """Each id table merged into one part: the sink's probes at the floor of every merge policy."""
+    return optimize_final(ns, EVENT_ID_HASHES.name, EVENT_IDS.name)
 
 
 def optimize_final(ns: Namespace, *tables: str) -> float:
@@ -469,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--two-shards-at", type=int, default=0, help="rows on two shards (0: none)")
     parser.add_argument("--skip-one-node", action="store_true", help="only the two-shard measurement")
     parser.add_argument("--merge-ids", action="store_true",
-                        help="one node: merge event_ids into one part before "
+                        help="one node: merge event_ids and event_id_hashes into one part each before "
                              "measuring (the id probes' floor); results to "
                              "capacity-curve-ids-merged-latest.json")
     args = parser.parse_args(argv)

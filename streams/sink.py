@@ -6,16 +6,18 @@ its copies (contract 1):
 1. inside the batch the first copy of an id wins; a later copy with the same billing fields
    is a duplicate, one with other fields a conflict;
 2. the ids are looked up in ``event_ids``, the claims on every id (any tenant, any month;
-   ordered by a hash of the id, so one small granule per id and part; the server returns each
-   id's first claim, and nothing for a new id). The first claim of an id decides: its
+   ordered by a hash of the id, so one small granule per id; its hashes alone are probed
+   first in ``event_id_hashes``, and the server returns each id's first claim, nothing for a
+   new id). The first claim of an id decides: its
    own copy again (same source position: a replay after a crash) is stored if it is not yet;
    the same fields from elsewhere, a duplicate; other fields, a conflict, returned in
    ``StoreResult.conflicts`` for the caller to dead-letter (reason ``duplicate_conflict``);
-3. the ids nobody claimed yet are claimed: inserted into ``event_ids`` with their billing
-   fields and source position, *before* their rows go to rated_usage. Two sinks (two
-   workers, the copies of one id under two tenants on two partitions) may claim one id at
-   once: each then reads the claims of its ids again, straight from ``event_ids``, and the
-   claim the server made visible first wins. MergeTree numbers an insert's part when it
+3. the ids nobody claimed yet are claimed: their hashes inserted into ``event_id_hashes``,
+   then their billing fields and source position into ``event_ids``, *before* their rows go
+   to rated_usage. Two sinks (two workers, the copies of one id under two tenants on two
+   partitions) may claim one id at once: each then probes the hashes of its ids again, reads
+   the claims of those held twice, and the claim the server made visible first wins.
+   MergeTree numbers an insert's part when it
    commits it (``_block_number``, kept through merges by ``enable_block_number_column``), so
    a claim with a lower number than one's own is always visible to a read made after one's
    own insert returned: both sinks agree on the winner without talking to each other;
@@ -63,7 +65,7 @@ from gpumeter.core import jsonio
 from gpumeter.infra import clickhouse
 from gpumeter.infra.insert import insert_lines, insert_rows
 from gpumeter.infra.rows import Row, have_lines
-from gpumeter.infra.schema import DEAD_LETTERS, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
+from gpumeter.infra.schema import DEAD_LETTERS, EVENT_ID_HASHES, EVENT_IDS, FINGERPRINT_COLUMNS, RATED_USAGE
 from gpumeter.infra.tables import SINGLE_NODE, Table, Topology
 
 log = logging.getLogger(__name__)
@@ -200,6 +202,8 @@ class Claim:
     position: tuple[int, int]  # (source_partition, source_offset); (-1, -1) before migration 8
 
 
+# The hashes of the batch's ids (IDS_TABLE), as event_ids and event_id_hashes key them.
+_BATCH_HASHES = f"(SELECT sipHash64(event_id) FROM {IDS_TABLE})"
 _CLAIM_COLUMNS = ", ".join((*FINGERPRINT_COLUMNS, "source_partition", "source_offset"))
 _CLAIM_VALUES = tuple(RATED_USAGE.insert_columns.index(name) for name in EVENT_IDS.insert_columns)
 
@@ -314,47 +318,59 @@ class ClickHouseSink:
         return own
 
     def _first_claims(self, client: Client, ids: list[str]) -> dict[str, Claim]:
-        """The first claim on each of these ids that has any: one read of ``event_ids`` on its
-        sort key (``_claims_of``), nothing returned for the ids nobody claimed yet."""
+        """The first claim on each of these ids that has any (``_claims_of``): the batch's
+        hashes probed in event_id_hashes, event_ids read only for the hashes found there,
+        nothing returned for the ids nobody claimed yet."""
         return self._claims_of(client, ids, contested_only=False)
 
     @staticmethod
     def _claims_of(client: Client, ids: list[str], contested_only: bool) -> dict[str, Claim]:
         """Each id's first claim, computed by the server: the claim with the lowest
         ``_block_number`` (``argMin`` of the claim as one tuple: argMin skips NULLs in a
-        Nullable argument, a tuple of them is never NULL), and with ``contested_only`` only
-        for the ids more than one claim names.
+        Nullable argument, a tuple of them is never NULL). With ``contested_only``, only the
+        ids whose hash event_id_hashes holds more than once and that more than one claim names.
 
-        One read of ``event_ids`` on its sort key: PREWHERE reads only the uncompressed
-        ``id_hash`` column, one granule per id and part, and the rest of a row only for the
-        hashes it matches. Before, ``_first_claims`` probed ``event_id_hashes`` first and then
-        read ``event_ids`` for the hashes found, and ``_contested`` read ``event_ids`` twice (a
-        GLOBAL IN of the ids with several claims, then their claims); measured on one engine,
-        15,000 new ids against 30 M claims, the probe and the contest cost 430 + 370 ms in 30
-        parts and 210 + 360 ms in one, and 310 + 320 / 220 + 230 ms read this way. On a sharded
-        cluster ``event_ids`` is a Distributed table: the batch's ids travel to every shard as
-        the external table, an id's claims all sit on the shard of its hash (so the order of
-        their ``_block_number`` is that shard's commit order), and the shards' partial
+        The batch's hashes are probed in event_id_hashes (one granule of bare hashes per id and
+        part; its cheap merges keep it in fewer parts than event_ids), and event_ids is read
+        only for the hashes found there, on its sort key: for new ids, not at all. The sink
+        writes an id's hash before its claim (``_claim``), so every claim visible in event_ids
+        has its hash visible here; a hash without a claim (the claim's insert failed) costs a
+        wasted read. On a sharded cluster both are Distributed tables: GLOBAL IN computes the
+        hashes found once, on the node asking, and sends them to every shard (a plain IN would
+        have each shard read event_id_hashes of every shard, which the server refuses:
+        distributed_product_mode); an id's claims all sit on the shard of its hash, so the order
+        of their ``_block_number`` is that shard's commit order, and the shards' partial
         aggregates merge on the node asking.
         """
         if not ids:
             return {}
-        having = " HAVING claims > 1" if contested_only else ""
+        hashes = f"SELECT id_hash FROM {EVENT_ID_HASHES.name} WHERE id_hash IN {_BATCH_HASHES}"
+        several = ""
+        if contested_only:
+            hashes += " GROUP BY id_hash HAVING count() > 1"
+            several = " HAVING claims > 1"
         found = client.query(
             f"SELECT event_id, argMin(({_CLAIM_COLUMNS}), _block_number), count() AS claims "
-            f"FROM {EVENT_IDS.name} PREWHERE id_hash IN (SELECT sipHash64(event_id) FROM {IDS_TABLE}) "
-            f"WHERE event_id IN {IDS_TABLE} GROUP BY event_id{having}",
+            f"FROM {EVENT_IDS.name} PREWHERE id_hash GLOBAL IN ({hashes}) "
+            f"WHERE event_id IN {IDS_TABLE} GROUP BY event_id{several}",
             external_data=ids_table(ids),
         ).result_rows
         return {event_id: Claim(fingerprint(first[:-2]), (int(first[-2]), int(first[-1])))
                 for event_id, first, _ in found}
 
     def _claim(self, client: Client, rows: list[Row]) -> None:
-        """Claim these rows' ids: their billing fields and source position into event_ids.
+        """Claim these rows' ids: their hashes into event_id_hashes, then their billing fields
+        and source position into event_ids. The hashes go first, and each insert returns only
+        once it is stored (on a cluster, synchronously on its shard): so a claim that another
+        sink can see in event_ids always has its hash visible too, and ``_contested``, which
+        finds rival claims through the hashes, cannot miss one committed before ours (migration
+        13 dropped the view that wrote the hashes as part of the claim's insert, after it).
         Rows that carry their rated lines send those, and the server takes the claim's fields
         from them (encoding the values in the worker cost it ~13 µs a row)."""
         if not rows:
             return
+        client.command(f"INSERT INTO {EVENT_ID_HASHES.name} (id_hash) SELECT * FROM {_BATCH_HASHES}",
+                       external_data=ids_table([row[_ID] for row in rows]))
         if have_lines(RATED_USAGE, rows):
             insert_lines(client, EVENT_IDS, rows, project=True)
         else:
@@ -371,9 +387,9 @@ class ClickHouseSink:
                 parameters={"id": row[_ID], "partition": row[_PARTITION], "offset": row[_OFFSET]})
 
     def _contested(self, client: Client, ids: list[str]) -> dict[str, Claim]:
-        """The first claim on each of these just-claimed ids that more than one claim names,
-        read from event_ids after our own claims were inserted: a claim that committed before
-        ours has a lower block number and is visible to this read."""
+        """The first claim on each of these just-claimed ids that more than one claim names.
+        Read after our own claims were inserted: a rival claim that committed before ours has
+        a lower block number, and its hash, written before it, is visible to this probe."""
         return self._claims_of(client, ids, contested_only=True)
 
     def _already_inserted(self, client: Client, rows: list[Row], scope: dict[str, Any]) -> set[str]:

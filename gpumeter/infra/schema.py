@@ -172,11 +172,15 @@ EVENT_IDS = Table(
     shard_by=BY_ID_HASH,
 )
 
-# Which id hashes event_ids holds, and nothing else, filled by a view from every insert into
-# event_ids (migrations 7 to 12): the sink probed it first, so that the wide event_ids was read
-# only for the hashes found here. Dropped by migration 13: a read of event_ids itself, PREWHERE
-# on its uncompressed id_hash, costs no more than this probe (the same 8 bytes a row and the
-# same granules), and the sink reads event_ids once a batch now (streams/sink.py _claims_of).
+# Which id hashes event_ids holds, and nothing else: probed first, so that the wide event_ids
+# is read only for the hashes found here (almost never: a batch's ids are new). Its 8-byte rows
+# merge cheaply into fewer, larger parts than event_ids' (2-3 against 4-7 at 30-300 M rows),
+# and a probe's cost is per granule and part (docs/decisions/0003-idempotency-in-layers.md).
+# Written by the sink itself, before the claims (since migration 13; by a view from every
+# insert into event_ids before): so a claim visible in event_ids has its hash visible here,
+# and the sink's contest after claiming probes this table too (streams/sink.py). A hash whose
+# claim event_ids lacks (the claim's insert failed) costs one wasted read of event_ids, never
+# a wrong answer: claims are read from event_ids alone.
 EVENT_ID_HASHES = Table(
     name="event_id_hashes",
     columns=(Column("id_hash", "UInt64", codec="NONE"),),
@@ -188,6 +192,7 @@ EVENT_ID_HASHES = Table(
 # As pipeline migration 7 created it (frozen: that migration has shipped).
 EVENT_ID_HASHES_V7 = replace(EVENT_ID_HASHES, settings=EVENT_IDS_V5.settings)
 
+# The view that filled event_id_hashes from migration 7 to 12 (dropped by 13).
 EVENT_ID_HASHES_VIEW = View("event_id_hashes_mv", EVENT_ID_HASHES, EVENT_IDS, "SELECT id_hash FROM {source}")
 EVENT_ID_HASHES_MV = EVENT_ID_HASHES_VIEW.create_sql()
 
@@ -411,10 +416,11 @@ PIPELINE = SchemaOwner(
         Migration(12, "id tables merge into fewer parts: the sink's probe reads fewer", (
             ModifySettings(EVENT_IDS, ID_MERGES), ModifySettings(EVENT_ID_HASHES, ID_MERGES),
         )),
-        # Nothing reads event_id_hashes since the sink reads event_ids once a batch: the view
-        # stops writing it, then the table goes. Written for every topology, re-runnable.
-        Migration(13, "event_id_hashes dropped: the sink reads event_ids alone", (
-            Drop(EVENT_ID_HASHES_VIEW), Drop(EVENT_ID_HASHES),
+        # The sink writes a batch's hashes itself, before its claims (streams/sink.py), so the
+        # view that copied each claim's hash goes. Workers stopped (`gpumeter migrate`): a sink
+        # of before it would claim without hashes. Written for every topology, re-runnable.
+        Migration(13, "event_id_hashes written by the sink before its claims, not by a view", (
+            Drop(EVENT_ID_HASHES_VIEW),
         )),
     ),
     # What migrations 1 to 13 leave, for a fresh cluster database (the insert deduplication
@@ -423,6 +429,6 @@ PIPELINE = SchemaOwner(
     current=(
         replace(RATED_USAGE, dedup_window=INSERT_DEDUP_WINDOW), DEAD_LETTERS,
         replace(USAGE_HOURLY, dedup_window=INSERT_DEDUP_WINDOW), USAGE_HOURLY_VIEW,
-        QUOTA_EVENTS, PREEMPTIONS, EVENT_IDS, GRANTS,
+        QUOTA_EVENTS, PREEMPTIONS, EVENT_IDS, EVENT_ID_HASHES, GRANTS,
     ),
 )

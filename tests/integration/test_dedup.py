@@ -303,11 +303,11 @@ HASHES = "SELECT groupArray(id_hash) FROM (SELECT id_hash FROM {table} ORDER BY 
 
 
 @pytest.mark.single_node
-def test_migrations_7_to_13_keep_every_recorded_id_and_leave_event_ids_alone_to_find_them(
+def test_migrations_7_to_13_give_every_recorded_id_its_hash_and_later_ids_come_from_the_sink(
         settings: Settings) -> None:
     """A database at pipeline migration 6 with recorded ids: migration 7 builds event_id_hashes
-    and its view (run twice: each hash once), 8 makes the ids claims, 13 drops the hashes again
-    (run twice) now that the sink reads event_ids alone."""
+    and its view (run twice: each hash once), 8 makes the ids claims, 13 drops the view (run
+    twice): the sink writes the hashes of its claims itself."""
     from streams.sink import ClickHouseSink, connector
     from tests.integration.test_poison import rated_row_values
 
@@ -330,12 +330,13 @@ def test_migrations_7_to_13_keep_every_recorded_id_and_leave_event_ids_alone_to_
         rerun(client, 13)
         rerun(client, 13)
         assert clickhouse.scalar(
-            client, "SELECT count() FROM system.tables WHERE database = currentDatabase() "
-                    "AND name IN ('event_id_hashes', 'event_id_hashes_mv')") == 0
+            client, "SELECT groupArray(name) FROM system.tables WHERE database = currentDatabase() "
+                    "AND name IN ('event_id_hashes', 'event_id_hashes_mv')") == ["event_id_hashes"]
     finally:
         client.close()
     assert_id_7_is_found(settings)
-    # Ids claimed by the sink from now on are found again in event_ids alone.
+    # Ids claimed by the sink from now on reach event_id_hashes from the sink, once each, and
+    # are found again.
     sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
     try:
         assert sink.store_rated([tuple(rated_row_values(f"new-{i}")) for i in range(3)]).stored == 3
@@ -343,6 +344,27 @@ def test_migrations_7_to_13_keep_every_recorded_id_and_leave_event_ids_alone_to_
     finally:
         sink.close()
     assert count_rows(settings, "SELECT count() FROM event_ids") == 503
+    assert count_rows(settings, "SELECT count() FROM event_id_hashes") == 503
+
+
+def test_a_hash_without_its_recorded_row_does_not_make_an_id_billed(settings: Settings) -> None:
+    """event_id_hashes may hold more than event_ids (the sink stores a batch's hashes before its
+    claims, and the claims' insert can fail): only a row in event_ids itself makes an id billed."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.command("INSERT INTO event_id_hashes SELECT sipHash64('ghost')")
+    finally:
+        client.close()
+    sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
+    try:
+        stored = sink.store_rated([tuple(rated_row_values("ghost"))])
+    finally:
+        sink.close()
+    assert (stored.stored, stored.conflicts) == (1, [])
+    assert count_rows(settings, "SELECT count() FROM rated_usage WHERE event_id = 'ghost'") == 1
 
 
 def test_a_repeated_insert_of_the_same_rows_is_dropped_by_the_engine(settings: Settings) -> None:

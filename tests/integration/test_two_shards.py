@@ -28,7 +28,7 @@ from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra import kafka as gkafka
-from gpumeter.infra.schema import EVENT_ID_HASHES_V7, EVENT_ID_HASHES_VIEW, GRANTS
+from gpumeter.infra.schema import EVENT_ID_HASHES_VIEW, GRANTS
 from insights.tables import BUDGET_LINES, FORECASTS
 from streams.sink import ClickHouseSink, connector
 from testkit.builders import random_samples, sample
@@ -243,22 +243,21 @@ def test_a_refused_rows_claim_is_withdrawn_on_shards_so_a_later_good_copy_is_bil
 def test_settings_and_drop_migrations_are_applied_on_every_shard_and_a_one_node_migration_still_refused(
     endpoints: Endpoints, cluster: TwoShards, namespaces: Namespaces, tmp_path: Path
 ) -> None:
-    """Pipeline migrations 12 (the id tables' merge setting) and 13 (event_id_hashes dropped)
-    are written for every topology: a cluster database made before them gets them on each
-    shard's ``_local`` tables through ON CLUSTER. A missing migration written for one node is
-    refused as before, with nothing applied."""
+    """Pipeline migrations 12 (the id tables' merge setting) and 13 (event_id_hashes' view
+    dropped: the sink writes the hashes) are written for every topology: a cluster database
+    made before them gets them on each shard through ON CLUSTER. A missing migration written for
+    one node is refused as before, with nothing applied."""
     sharded = isolated_settings(endpoints, tmp_path, clickhouse_url=cluster.url)
     sharded.clickhouse.cluster, sharded.clickhouse.sharded = cluster.topology.cluster, True
     namespaces.add(sharded, topics=False)
     database = clickhouse.parse_dsn(sharded.clickhouse.dsn).database
     client = clickhouse.connect(sharded.clickhouse.dsn)
 
-    def engines(tables: tuple[str, ...] = ("event_ids_local", "event_id_hashes_local")) -> list[list[str]]:
-        """Each node's engine settings of these tables (those it has), in node order."""
-        names = ", ".join(f"'{table}'" for table in tables)
+    def engines() -> list[list[str]]:
+        """Each node's id tables' engine settings, in node order."""
         return [[str(row[0]) for row in query(
             sharded, "SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
-                     f"AND name IN ({names}) ORDER BY name", url)]
+                     "AND name IN ('event_ids_local', 'event_id_hashes_local') ORDER BY name", url)]
             for url in cluster.node_urls()]
 
     def hash_tables() -> list[int]:
@@ -270,16 +269,15 @@ def test_settings_and_drop_migrations_are_applied_on_every_shard_and_a_one_node_
     try:
         schema.migrate(client, cluster.topology)
         assert all("merge_selector_base = 1.5" in engine for node in engines() for engine in node)
-        assert hash_tables() == [0, 0]
-        # The database as it stood at version 11, on every node: event_id_hashes as migration 7
-        # made it, fed by its view, and event_ids without the merge setting.
-        for statement in (*EVENT_ID_HASHES_V7.create_statements(cluster.topology),
-                          EVENT_ID_HASHES_VIEW.create_sql(cluster.topology)):
-            client.command(statement)
+        assert hash_tables() == [2, 2]  # the Distributed table and its _local table, no view
+        # The database as it stood at version 11, on every node: event_id_hashes fed by its view,
+        # and the id tables without the merge setting.
+        client.command(EVENT_ID_HASHES_VIEW.create_sql(cluster.topology))
         for url in cluster.node_urls():
             node = clickhouse.connect(f"{url}/{database}", create_database=False)
             try:
-                node.command("ALTER TABLE event_ids_local RESET SETTING merge_selector_base")
+                for table in ("event_ids_local", "event_id_hashes_local"):
+                    node.command(f"ALTER TABLE {table} RESET SETTING merge_selector_base")
             finally:
                 node.close()
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 12")
@@ -287,8 +285,8 @@ def test_settings_and_drop_migrations_are_applied_on_every_shard_and_a_one_node_
         assert not any("merge_selector_base" in engine for node in engines() for engine in node)
 
         assert schema.migrate(client, cluster.topology) == ["pipeline/12", "pipeline/13"]
-        assert hash_tables() == [0, 0]
-        assert [len(node) for node in engines(("event_ids_local",))] == [1, 1]
+        assert hash_tables() == [2, 2]
+        assert [len(node) for node in engines()] == [2, 2]
         assert all("merge_selector_base = 1.5" in engine for node in engines() for engine in node)
 
         client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 11")

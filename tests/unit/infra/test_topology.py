@@ -65,6 +65,7 @@ def test_replicated_tables_live_under_their_shard_with_their_replica() -> None:
     pytest.param("rated_usage", "cityHash64(tenant)", id="usage-by-tenant"),
     pytest.param("usage_hourly", "cityHash64(tenant)", id="rollup-by-tenant"),
     pytest.param("event_ids", "sipHash64(event_id)", id="ids-by-id-hash"),
+    pytest.param("event_id_hashes", "id_hash", id="hashes-by-id-hash"),
 ])
 @pytest.mark.parametrize("name", [pytest.param("sharded", id="sharded"),
                                   pytest.param("replicated-sharded", id="replicated-sharded")])

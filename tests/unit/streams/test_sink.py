@@ -90,6 +90,10 @@ class FakeClickHouseClient:
                  rival_claims: Sequence[Row] = (), rival_first: bool = True) -> None:
         self.tables: dict[str, list[Row]] = {"rated_usage": [], "dead_letters": []}
         self.event_ids: list[Row] = []
+        # event_id_hashes, a hash per claim written (the fake keys a hash by its id: a named
+        # stand-in for sipHash64, without its collisions), in the order the inserts committed.
+        self.hashes: list[str] = []
+        self.requests: list[str] = []  # the tables written, in order
         self.tokens: set[str] = set()
         self.down_for = down_for
         self.event_ids_down_for = event_ids_down_for
@@ -108,10 +112,16 @@ class FakeClickHouseClient:
         wanted = {line.encode().decode("unicode_escape")
                   for line in external_data.files[0].data.decode().splitlines()}
         if "FROM event_ids" in sql:
-            # The server's answer to ``argMin((claim...), _block_number), count() AS claims ...
-            # GROUP BY event_id [HAVING claims > 1]``: self.event_ids is in commit order, so an
-            # id's first claim is its first row here; the claim comes back as one tuple.
+            # The server's answer to ``argMin((claim...), _block_number), count() AS claims FROM
+            # event_ids PREWHERE id_hash GLOBAL IN (the batch's hashes in event_id_hashes [held
+            # more than once]) ... GROUP BY event_id [HAVING claims > 1]``: event_ids is read
+            # only for the hashes found; self.event_ids is in commit order, so an id's first
+            # claim is its first row here; the claim comes back as one tuple.
             assert "argMin((" in sql and "_block_number)" in sql and "GROUP BY event_id" in sql, sql
+            assert "GLOBAL IN (SELECT id_hash FROM event_id_hashes" in sql, sql
+            hashes = Counter(event_id for event_id in self.hashes if event_id in wanted)
+            wanted = {event_id for event_id, count in hashes.items()
+                      if count > 1 or "GROUP BY id_hash HAVING count() > 1" not in sql}
             width = 1 + len(FINGERPRINT_COLUMNS)
             counts = Counter(stored[0] for stored in self.event_ids if stored[0] in wanted)
             first: dict[str, tuple[Any, ...]] = {}
@@ -151,11 +161,15 @@ class FakeClickHouseClient:
                 encode_like_the_client(type_name, value, declared.insert_columns[index])
         rows = [stored_like_the_server(declared, types, r) for r in rows]
         if table == EVENT_IDS.name:
+            self.requests.append(table)
+            # A rival sink writes its hash, then its claim, just before or just after ours.
             rivals, self.rival_claims = self.rival_claims, []
             if self.rival_first:
+                self.hashes.extend(rival[0] for rival in rivals)
                 self.event_ids.extend(rivals)
             self.event_ids.extend(rows)
             if not self.rival_first:
+                self.hashes.extend(rival[0] for rival in rivals)
                 self.event_ids.extend(rivals)
             return
         if table == RATED_USAGE.name and self.rated_usage_down_for > 0:
@@ -171,12 +185,20 @@ class FakeClickHouseClient:
     def command(self, cmd: str, parameters: dict[str, Any] | None = None, data: Any = None,
                 settings: dict[str, Any] | None = None, use_database: bool = True,
                 external_data: ExternalData | None = None, transport_settings: Any = None) -> None:
-        """The one command the sink sends: a lightweight DELETE of one refused row's claim."""
-        assert cmd.startswith(f"DELETE FROM {EVENT_IDS.name} WHERE") and parameters is not None, cmd
+        """The sink's two commands: the batch's hashes into event_id_hashes (INSERT ... SELECT
+        from the external table of ids), and a lightweight DELETE of one refused row's claim."""
         self.inserts += 1
         if self.down_for > 0:
             self.down_for -= 1
             raise OperationalError("HTTPConnectionPool(host='127.0.0.1', port=8123): connection refused")
+        if cmd.startswith("INSERT INTO event_id_hashes (id_hash) SELECT"):
+            assert external_data is not None and external_data.files[0].name == IDS_TABLE
+            assert "sipHash64(event_id) FROM batch_ids" in cmd, cmd
+            self.requests.append("event_id_hashes")
+            self.hashes.extend(line.encode().decode("unicode_escape")
+                               for line in external_data.files[0].data.decode().splitlines())
+            return
+        assert cmd.startswith(f"DELETE FROM {EVENT_IDS.name} WHERE") and parameters is not None, cmd
         named = (parameters["id"], parameters["partition"], parameters["offset"])
         self.event_ids = [claim for claim in self.event_ids
                           if (claim[0], claim[_CLAIM_PARTITION], claim[_CLAIM_OFFSET]) != named]
@@ -357,7 +379,9 @@ def test_the_first_claim_decides_for_every_later_copy() -> None:
     sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
     first = row("e1", source_partition=0, source_offset=1)
     raced = row("e1", tenant="team-b", source_partition=3, source_offset=8)
-    client.event_ids.extend(claim_of(r) for r in (first, raced))  # two claims, first first
+    for claimed in (first, raced):  # two claims, first first, each after its hash (as _claim writes them)
+        client.hashes.append(claimed[0])
+        client.event_ids.append(claim_of(claimed))
     same_as_raced = sink.store_rated([row("e1", tenant="team-b", source_partition=4, source_offset=2)])
     assert same_as_raced.stored == 0
     assert [reason for _, reason in same_as_raced.conflicts] == [
@@ -390,6 +414,28 @@ def test_two_sinks_claiming_one_id_at_once_agree_on_the_first(
     assert result.stored == stored + 1  # e2 is nobody else's
     assert [r[1] for r, _ in result.conflicts] == conflicts
     assert sorted(r[0] for r in client.tables["rated_usage"]) == (["e1", "e2"] if stored else ["e2"])
+
+
+def test_a_claims_hash_is_stored_before_the_claim_so_a_rival_never_sees_a_claim_without_it() -> None:
+    """The contest after claiming finds rival claims through event_id_hashes: it can only see
+    every claim committed before its own if each claim's hash was stored before the claim."""
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    assert sink.store_rated([row("e1"), row("e2", source_offset=1)]).stored == 2
+    assert client.requests == ["event_id_hashes", "event_ids"]
+    assert client.hashes == ["e1", "e2"]
+
+
+def test_a_hash_whose_claim_failed_is_not_taken_for_a_claim() -> None:
+    """The hashes went in, the claims' insert failed: the retry finds the hashes, reads no claim
+    in event_ids, claims again and stores each row once."""
+    client = FakeClickHouseClient(event_ids_down_for=1)
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    with pytest.raises(OperationalError):
+        sink.store_rated([row("e1")])
+    assert (client.hashes, client.event_ids) == (["e1"], [])
+    assert sink.store_rated([row("e1")]).stored == 1
+    assert [r[0] for r in client.tables["rated_usage"]] == ["e1"]
 
 
 def test_each_insert_is_named_by_exactly_its_rows() -> None:

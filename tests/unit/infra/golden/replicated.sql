@@ -151,6 +151,13 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/event_ids', 
 ORDER BY id_hash
 SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384, enable_block_number_column = 1, merge_selector_base = 1.5;
 
+CREATE TABLE IF NOT EXISTS event_id_hashes ON CLUSTER gpumeter_cluster (
+    id_hash UInt64 CODEC(NONE)
+)
+ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/event_id_hashes', '{replica}')
+ORDER BY id_hash
+SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384, merge_selector_base = 1.5;
+
 CREATE TABLE IF NOT EXISTS quota_grants ON CLUSTER gpumeter_cluster (
     number UInt64 COMMENT '1, 2, 3, ... one row each',
     tenant LowCardinality(String),

@@ -169,6 +169,16 @@ SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_b
 CREATE TABLE IF NOT EXISTS event_ids ON CLUSTER gpumeter_cluster AS event_ids_local
 ENGINE = Distributed(gpumeter_cluster, currentDatabase(), event_ids_local, sipHash64(event_id));
 
+CREATE TABLE IF NOT EXISTS event_id_hashes_local ON CLUSTER gpumeter_cluster (
+    id_hash UInt64 CODEC(NONE)
+)
+ENGINE = MergeTree
+ORDER BY id_hash
+SETTINGS index_granularity = 256, min_compress_block_size = 4096, max_compress_block_size = 16384, merge_selector_base = 1.5;
+
+CREATE TABLE IF NOT EXISTS event_id_hashes ON CLUSTER gpumeter_cluster AS event_id_hashes_local
+ENGINE = Distributed(gpumeter_cluster, currentDatabase(), event_id_hashes_local, id_hash);
+
 CREATE TABLE IF NOT EXISTS quota_grants ON CLUSTER gpumeter_cluster (
     number UInt64 COMMENT '1, 2, 3, ... one row each',
     tenant LowCardinality(String),
