@@ -26,7 +26,14 @@ def migrate(client: Client, topology: Topology = SINGLE_NODE,
 
 
 def require_current(client: Client, where: str) -> None:
-    """Refuse, in one line, a database whose schema is behind this code's."""
+    """Refuse, in one line, a database whose schema is behind this code's, or ahead of it: a
+    release older than the one that migrated it would write by rules the schema has left
+    (since pipeline migration 13, claims without their hashes)."""
+    newer = migrations.unknown(client, OWNERS)
+    if newer:
+        raise migrations.SchemaError(
+            f"the ClickHouse schema at {where} is newer than this gpumeter ({', '.join(newer)} applied, "
+            "which this release does not know): run the release that applied it")
     missing = migrations.pending(client, OWNERS)
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""

@@ -95,6 +95,15 @@ def pending(client: Client, owners: Sequence[SchemaOwner]) -> list[str]:
             if (owner.owner, migration.version) not in done]
 
 
+def unknown(client: Client, owners: Sequence[SchemaOwner]) -> list[str]:
+    """``owner/version`` of every migration applied that these owners do not declare: the
+    database was migrated by a newer release."""
+    known = {(owner.owner, migration.version) for owner in owners for migration in owner.migrations}
+    names = {owner.owner for owner in owners}
+    return [f"{owner}/{version}" for owner, version in sorted(applied_migrations(client))
+            if owner in names and (owner, version) not in known]
+
+
 def check_topology(client: Client, topology: Topology) -> None:
     """Refuse, with one line naming the setting, a topology this server cannot hold: a cluster
     it does not know, a macro its config lacks, a Keeper that does not answer. Reads only."""

@@ -71,6 +71,30 @@ def test_a_worker_on_a_schema_behind_refuses_with_one_line_saying_to_migrate(set
     assert "pipeline/8 not applied" in lines[0] and "run `gpumeter migrate`" in lines[0]
 
 
+def test_a_worker_on_a_schema_newer_than_its_code_refuses_with_one_line(settings: Settings) -> None:
+    """A worker of an older release beside a database a newer one migrated (a rolling upgrade
+    gone wrong) would write by the old rules: since pipeline migration 13 a sink of before it
+    claimed ids without their hashes, which the newer sinks' lookups cannot see. It refuses."""
+    client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    try:
+        client.command("INSERT INTO schema_migrations (owner, version, name) "
+                       "VALUES ('pipeline', 999, 'from a newer gpumeter')")
+    finally:
+        client.close()
+    try:
+        worker = run_cli(settings, "worker", timeout=120)
+    finally:
+        client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+        try:
+            client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version = 999")
+        finally:
+            client.close()
+    assert worker.returncode == 1
+    lines = worker.stderr.strip().splitlines()
+    assert len(lines) == 1, worker.stderr
+    assert "pipeline/999" in lines[0] and "newer than this gpumeter" in lines[0]
+
+
 def test_an_unknown_cluster_is_one_line_naming_the_setting_and_changes_nothing(settings: Settings) -> None:
     client = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
     try:
