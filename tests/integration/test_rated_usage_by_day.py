@@ -21,7 +21,6 @@ import pytest
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.schema import (
-    EVENT_ID_HASHES_V7,
     EVENT_ID_HASHES_VIEW,
     INSERT_DEDUP_WINDOW,
     PIPELINE,
@@ -65,16 +64,15 @@ def expected_totals() -> list[tuple[str, str, Decimal]]:
 
 def rewind_to_pipeline_10(client: Any) -> None:
     """rated_usage as migrations 1 to 10 left it (one partition a month), holding ROWS rows in
-    several parts, and one exact copy of e5 (stored twice, as by two racing sinks); the id
-    hashes beside event_ids."""
+    several parts, and one exact copy of e5 (stored twice, as by two racing sinks); the view that
+    fed the id hashes."""
     client.command("DROP VIEW IF EXISTS usage_hourly_mv")
     client.command("DROP TABLE IF EXISTS rated_usage")
     client.command("TRUNCATE TABLE usage_hourly")
     client.command("DELETE FROM schema_migrations WHERE owner = 'pipeline' AND version >= 11")
     client.command(replace(RATED_USAGE_V4, dedup_window=INSERT_DEDUP_WINDOW).create_sql())
     client.command(next(m for m in PIPELINE.migrations if m.version == 1).statements[-1])  # the rollup's view
-    # The id hashes and their view, as migration 7 made them (migration 13 drops them).
-    client.command(EVENT_ID_HASHES_V7.create_sql())
+    # The view that fed event_id_hashes until migration 13 dropped it (the table stays).
     client.command(EVENT_ID_HASHES_VIEW.create_sql())
     for first in range(0, ROWS, 500):
         client.command(INSERT.format(first=first, count=500))
