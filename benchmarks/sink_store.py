@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         sink = ClickHouseSink(connector(settings.clickhouse.dsn), Topology.of(settings.clickhouse))
         phases: dict[str, float] = {}
         # Instance attributes shadow the methods: each step of store_rated is timed as it runs.
+        sink._horizon = timed(phases, "event_id_hashes horizon", sink._horizon)  # type: ignore[method-assign]
         sink._first_claims = timed(phases, "event_ids lookup", sink._first_claims)  # type: ignore[method-assign]
         sink._claim = timed(phases, "event_ids claim", sink._claim)  # type: ignore[method-assign]
         sink._contested = timed(phases, "event_ids contest", sink._contested)  # type: ignore[method-assign]

@@ -20,7 +20,14 @@ its copies (contract 1):
    MergeTree numbers an insert's part when it
    commits it (``_block_number``, kept through merges by ``enable_block_number_column``), so
    a claim with a lower number than one's own is always visible to a read made after one's
-   own insert returned: both sinks agree on the winner without talking to each other;
+   own insert returned: both sinks agree on the winner without talking to each other.
+   On one node with plain MergeTree (``_commit_ordered``) that second probe reads only the
+   parts of event_id_hashes whose highest block is above the table's highest block read
+   before the lookup (the *horizon*): a rival's hash the lookup did not see committed after
+   that read, so it sits in such a part, and a merge only raises a part's highest block. A
+   rival's hash the lookup did see without its claim (the claim came later, or failed) makes
+   the probe read every part, as it does on clusters, where block numbers are per shard or
+   allocated before commit;
 4. the winners' rows are checked against rated_usage on its time-local key (rows of this very
    batch inserted before an ambiguous failure) and inserted.
 
@@ -204,6 +211,16 @@ class Claim:
 
 # The hashes of the batch's ids (IDS_TABLE), as event_ids and event_id_hashes key them.
 _BATCH_HASHES = f"(SELECT sipHash64(event_id) FROM {IDS_TABLE})"
+# The hashes of the batch's ids that event_id_hashes holds.
+_HASHES_FOUND = f"SELECT id_hash FROM {EVENT_ID_HASHES.name} WHERE id_hash IN {_BATCH_HASHES}"
+# The highest block number of a part, from its name (``<partition>_<min>_<max>_<level>[_<mutation>]``);
+# a name of another shape counts as the newest part: reading a part too many costs time, one
+# too few would miss a rival's claim.
+_PART_MAX_BLOCK = "ifNull(toUInt64OrNull(extract(_part, '^[^_]+_[0-9]+_([0-9]+)_')), 18446744073709551615)"
+_HIGHEST_HASH_BLOCK = ("SELECT max(max_block_number) FROM system.parts WHERE database = currentDatabase() "
+                       f"AND table = '{EVENT_ID_HASHES.name}' AND active")
+_HASHES_ENGINE = ("SELECT engine FROM system.tables WHERE database = currentDatabase() "
+                  f"AND name = '{EVENT_ID_HASHES.name}'")
 _CLAIM_COLUMNS = ", ".join((*FINGERPRINT_COLUMNS, "source_partition", "source_offset"))
 _CLAIM_VALUES = tuple(RATED_USAGE.insert_columns.index(name) for name in EVENT_IDS.insert_columns)
 
@@ -240,13 +257,26 @@ class ClickHouseSink:
         # event_ids_local (a Distributed table takes no DELETE).
         self._claims_table = EVENT_IDS.local_name(topology) + topology.on_cluster
         self._client: Client | None = None
+        # Whether event_id_hashes numbers its parts in commit order (``_commit_ordered``); asked
+        # once a connection.
+        self._ordered: bool | None = None
         self._lock = threading.Lock()
         self.counters = SinkCounters()
 
     def _client_or_connect(self) -> Client:
         if self._client is None:
             self._client = self._connect()
+            self._ordered = None
         return self._client
+
+    def _commit_ordered(self, client: Client) -> bool:
+        """True when event_id_hashes is a plain MergeTree on this node: one block counter for
+        the table, a number taken as a part commits, so a part committed later has a higher
+        one. Not so for a Distributed table (a counter per shard), Replicated* (numbers
+        allocated in Keeper before the commit) or ClickHouse Cloud's SharedMergeTree."""
+        if self._ordered is None:
+            self._ordered = clickhouse.scalar(client, _HASHES_ENGINE) == "MergeTree"
+        return self._ordered
 
     def _reset(self) -> None:
         if self._client is not None:
@@ -277,11 +307,15 @@ class ClickHouseSink:
                     (row, conflict_reason(row[_ID], row_fingerprint(first), row_fingerprint(row))))
         if not unique:
             return result
-        claimed = self._first_claims(client, list(unique))
+        horizon = self._horizon(client)
+        claimed, unclaimed_hash = self._first_claims(client, list(unique))
         ours = self._judge(unique, claimed, result)  # replays of our own claims: stored below
         unclaimed = [row for event_id, row in unique.items() if event_id not in claimed]
         self._claim(client, unclaimed)
-        contested = self._contested(client, [row[_ID] for row in unclaimed])
+        # A hash seen without its claim: a rival's claim under way (or failed) since before the
+        # horizon, which only a probe of every part finds again.
+        contested = self._contested(client, [row[_ID] for row in unclaimed],
+                                    None if unclaimed_hash else horizon)
         won = self._judge({row[_ID]: row for row in unclaimed}, contested, result)
         won += [row for row in unclaimed if row[_ID] not in contested]
         candidates = ours + won
@@ -317,37 +351,60 @@ class ClickHouseSink:
                 own.append(row)
         return own
 
-    def _first_claims(self, client: Client, ids: list[str]) -> dict[str, Claim]:
-        """The first claim on each of these ids that has any (``_claims_of``): the batch's
-        hashes probed in event_id_hashes, event_ids read only for the hashes found there,
-        nothing returned for the ids nobody claimed yet."""
-        return self._claims_of(client, ids, contested_only=False)
+    def _horizon(self, client: Client) -> int | None:
+        """event_id_hashes' highest block number now, read before the lookup: every part the
+        lookup cannot see has a higher one (``_commit_ordered``). None where that does not hold."""
+        if not self._commit_ordered(client):
+            return None
+        return int(clickhouse.scalar(client, _HIGHEST_HASH_BLOCK) or 0)
+
+    def _first_claims(self, client: Client, ids: list[str]) -> tuple[dict[str, Claim], bool]:
+        """The first claim on each of these ids that has any (``_claims_of``, for the ids
+        ``_hashed`` found; nothing for the ids nobody claimed yet), and whether the hash of
+        one of them was found without its claim."""
+        hashed = self._hashed(client, ids)
+        claims = self._claims_of(client, hashed, contested_only=False)
+        return claims, any(event_id not in claims for event_id in hashed)
 
     @staticmethod
-    def _claims_of(client: Client, ids: list[str], contested_only: bool) -> dict[str, Claim]:
+    def _hashed(client: Client, ids: list[str]) -> list[str]:
+        """The ids whose hash event_id_hashes holds: claimed, being claimed, or whose claim
+        failed after its hash was stored (and, rarely, another id's hash). For new ids, none.
+        On a sharded cluster event_id_hashes is Distributed: each shard probes its own."""
+        found = client.query(
+            f"SELECT event_id FROM {IDS_TABLE} WHERE sipHash64(event_id) IN ({_HASHES_FOUND})",
+            external_data=ids_table(ids)).result_rows
+        return [event_id for (event_id,) in found]
+
+    @staticmethod
+    def _claims_of(client: Client, ids: list[str], contested_only: bool,
+                   horizon: int | None = None) -> dict[str, Claim]:
         """Each id's first claim, computed by the server: the claim with the lowest
         ``_block_number`` (``argMin`` of the claim as one tuple: argMin skips NULLs in a
         Nullable argument, a tuple of them is never NULL). With ``contested_only``, only the
-        ids whose hash event_id_hashes holds more than once and that more than one claim names.
+        ids whose hash event_id_hashes holds more than once (counting, with a ``horizon``, only
+        the parts whose highest block is above it) and that more than one claim names.
 
-        The batch's hashes are probed in event_id_hashes (one granule of bare hashes per id and
-        part; its cheap merges keep it in fewer parts than event_ids), and event_ids is read
-        only for the hashes found there, on its sort key: for new ids, not at all. The sink
-        writes an id's hash before its claim (``_claim``), so every claim visible in event_ids
-        has its hash visible here; a hash without a claim (the claim's insert failed) costs a
-        wasted read. On a sharded cluster both are Distributed tables: GLOBAL IN computes the
-        hashes found once, on the node asking, and sends them to every shard (a plain IN would
-        have each shard read event_id_hashes of every shard, which the server refuses:
-        distributed_product_mode); an id's claims all sit on the shard of its hash, so the order
-        of their ``_block_number`` is that shard's commit order, and the shards' partial
-        aggregates merge on the node asking.
+        event_ids is read on its sort key for the hashes asked about: the ids' own (the lookup,
+        given the ids ``_hashed`` found), or those event_id_hashes holds twice (the contest:
+        one granule of bare hashes per id and part; for ids nobody else claimed, event_ids is
+        not read at all). The sink writes an id's hash before its claim (``_claim``), so every
+        claim visible in event_ids has its hash visible there. On a sharded cluster both are
+        Distributed tables: GLOBAL IN computes the hashes once, on the node asking, and sends
+        them to every shard (a plain IN would have each shard read event_id_hashes of every
+        shard, which the server refuses: distributed_product_mode); an id's claims all sit on
+        the shard of its hash, so the order of their ``_block_number`` is that shard's commit
+        order, and the shards' partial aggregates merge on the node asking.
         """
         if not ids:
             return {}
-        hashes = f"SELECT id_hash FROM {EVENT_ID_HASHES.name} WHERE id_hash IN {_BATCH_HASHES}"
+        hashes = _BATCH_HASHES[1:-1]
         several = ""
         if contested_only:
-            hashes += " GROUP BY id_hash HAVING count() > 1"
+            # indexHint: the engine drops the older parts before reading (a virtual column's
+            # condition) and never filters a row by it, so a part it keeps is read whole.
+            newer = "" if horizon is None else f" AND indexHint({_PART_MAX_BLOCK} > {int(horizon)})"
+            hashes = f"{_HASHES_FOUND}{newer} GROUP BY id_hash HAVING count() > 1"
             several = " HAVING claims > 1"
         found = client.query(
             f"SELECT event_id, argMin(({_CLAIM_COLUMNS}), _block_number), count() AS claims "
@@ -386,11 +443,12 @@ class ClickHouseSink:
                 "AND source_partition = %(partition)s AND source_offset = %(offset)s",
                 parameters={"id": row[_ID], "partition": row[_PARTITION], "offset": row[_OFFSET]})
 
-    def _contested(self, client: Client, ids: list[str]) -> dict[str, Claim]:
+    def _contested(self, client: Client, ids: list[str], horizon: int | None) -> dict[str, Claim]:
         """The first claim on each of these just-claimed ids that more than one claim names.
         Read after our own claims were inserted: a rival claim that committed before ours has
-        a lower block number, and its hash, written before it, is visible to this probe."""
-        return self._claims_of(client, ids, contested_only=True)
+        a lower block number, and its hash, written before it, is visible to this probe; with
+        a ``horizon`` (no hash of these ids was seen before it), in a part numbered above it."""
+        return self._claims_of(client, ids, contested_only=True, horizon=horizon)
 
     def _already_inserted(self, client: Client, rows: list[Row], scope: dict[str, Any]) -> set[str]:
         """Ids of these rows already in rated_usage (inserted before an ambiguous failure or a

@@ -21,7 +21,7 @@ from gpumeter.app.runtime.worker_process import WorkerProcess
 from gpumeter.core.settings import Settings
 from gpumeter.infra import clickhouse, migrations
 from gpumeter.infra.schema import EVENT_IDS_V5, PIPELINE, RATED_USAGE, RATED_USAGE_V4
-from gpumeter.infra.tables import Topology
+from gpumeter.infra.tables import SINGLE_NODE, Topology
 from testkit.builders import sample
 from tests.integration.invoice_checks import count_rows, publish_lines
 from tests.services import run_cli
@@ -404,3 +404,132 @@ def test_a_repeated_insert_of_the_same_rows_is_dropped_by_the_engine(settings: S
         assert clickhouse.scalar(client, "SELECT count() FROM rated_usage_without_window") == 40
     finally:
         client.close()
+
+
+class RivalAtStep:
+    """A clickhouse-connect client for the sink under test that lets a rival sink act just
+    before a chosen step of the sink's: before the first statement holding ``step``, each of
+    ``actions`` runs once, committed, through a client of its own. The sink's steps are its
+    statements: the horizon (``max(max_block_number)``), the lookup's probe of the hashes, its
+    hashes (``INSERT INTO event_id_hashes``), its claims (an insert into event_ids), the
+    contest (``HAVING claims > 1``)."""
+
+    def __init__(self, client: Any, rival: Any, steps: dict[str, list[Callable[[Any], None]]]) -> None:
+        self._client = client
+        self._rival = rival
+        self._steps = {step: list(actions) for step, actions in steps.items()}
+
+    def _before(self, statement: str) -> None:
+        for step, actions in self._steps.items():
+            if step in statement and actions:
+                for action in actions:
+                    action(self._rival)
+                actions.clear()
+                return
+
+    def query(self, sql: str, *args: Any, **kwargs: Any) -> Any:
+        self._before(sql)
+        return self._client.query(sql, *args, **kwargs)
+
+    def command(self, cmd: str, *args: Any, **kwargs: Any) -> Any:
+        self._before(cmd)
+        return self._client.command(cmd, *args, **kwargs)
+
+    def raw_insert(self, table: str, *args: Any, **kwargs: Any) -> Any:
+        self._before(f"INSERT INTO {table}")
+        return self._client.raw_insert(table, *args, **kwargs)
+
+    def insert(self, table: str, *args: Any, **kwargs: Any) -> Any:
+        self._before(f"INSERT INTO {table}")
+        return self._client.insert(table, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def rival_hash(rival: Any) -> None:
+    rival.command("INSERT INTO event_id_hashes SELECT sipHash64('raced')")
+
+
+def rival_claim(rival: Any) -> None:
+    """The rival's claim on 'raced' for team-b (another copy: another tenant, another position)."""
+    from gpumeter.infra.insert import insert_rows
+    from gpumeter.infra.schema import EVENT_IDS
+    from tests.integration.test_poison import rated_row_values
+
+    copy = rated_row_values("raced", tenant="team-b", source_partition=3, source_offset=8)
+    claim = tuple(copy[RATED_USAGE.insert_columns.index(name)] for name in EVENT_IDS.insert_columns)
+    insert_rows(rival, EVENT_IDS, [claim], None)
+
+
+def merge_hashes(rival: Any) -> None:
+    """A merge of every part of event_id_hashes: the rival's part is gone, its rows in a part
+    whose highest block is still above the horizon."""
+    rival.command("SYSTEM START MERGES event_id_hashes")
+    rival.command("OPTIMIZE TABLE event_id_hashes FINAL")
+
+
+HORIZON, LOOKUP, OUR_HASHES, OUR_CLAIMS, CONTEST = (
+    "max(max_block_number)", "FROM batch_ids WHERE sipHash64(event_id) IN", "INSERT INTO event_id_hashes",
+    "INSERT INTO event_ids", "HAVING claims > 1")
+# Where the rival's hash and claim commit around our steps. The first claim to commit wins
+# (contract 1): ours unless the rival's claim commits before our claims' insert.
+RACES: dict[str, tuple[dict[str, list[Callable[[Any], None]]], bool]] = {
+    # The test stops merges on one node (below): a background merge of the rival's part with
+    # ours would make some of these pass by luck.
+    "its-hash-and-claim-after-our-lookup-before-our-claim": (
+        {OUR_HASHES: [rival_hash, rival_claim]}, False),
+    "its-hash-before-our-horizon-its-claim-before-ours": (
+        {HORIZON: [rival_hash], OUR_HASHES: [rival_claim]}, False),
+    "its-hash-between-horizon-and-lookup-its-claim-before-ours": (
+        {LOOKUP: [rival_hash], OUR_CLAIMS: [rival_claim]}, False),
+    "its-hash-and-claim-before-ours-then-a-merge-before-our-contest": (
+        {OUR_HASHES: [rival_hash, rival_claim], CONTEST: [merge_hashes]}, False),
+    "its-hash-and-claim-after-our-claim": (
+        {CONTEST: [rival_hash, rival_claim]}, True),
+    "its-hash-before-our-horizon-its-claim-after-ours": (
+        {HORIZON: [rival_hash], CONTEST: [rival_claim]}, True),
+}
+
+
+def merges(steps: dict[str, list[Callable[[Any], None]]]) -> bool:
+    return any(merge_hashes in actions for actions in steps.values())
+
+
+@pytest.mark.parametrize(("steps", "ours_wins"), [
+    pytest.param(*race, id=name, marks=[pytest.mark.single_node] if merges(race[0]) else [])
+    for name, race in RACES.items()])
+def test_two_sinks_claiming_one_id_at_once_bill_the_claim_committed_first(
+        settings: Settings, steps: dict[str, list[Callable[[Any], None]]], ours_wins: bool) -> None:
+    """On the real engine, a rival sink claims the same id as ours at each point of our batch
+    (with rows claimed earlier in the table, in several parts, so that the contest on one node
+    reads only the parts committed since its lookup began): the claim that committed first is
+    the one billed, ours is a conflict exactly when the rival's came first."""
+    from streams.sink import ClickHouseSink, connector
+    from tests.integration.test_poison import rated_row_values
+
+    topology = Topology.of(settings.clickhouse)
+    earlier = ClickHouseSink(connector(settings.clickhouse.dsn), topology)
+    try:
+        for batch in range(3):  # three earlier batches: hashes in three parts below the horizon
+            rows = [tuple(rated_row_values(f"earlier-{batch}-{i}", source_offset=10 * batch + i))
+                    for i in range(5)]
+            assert earlier.store_rated(rows).stored == 5
+    finally:
+        earlier.close()
+    rival = clickhouse.connect(settings.clickhouse.dsn, create_database=False)
+    if topology == SINGLE_NODE:
+        rival.command("SYSTEM STOP MERGES event_id_hashes")
+    sink = ClickHouseSink(
+        lambda: RivalAtStep(clickhouse.connect(settings.clickhouse.dsn, create_database=False), rival, steps),  # type: ignore[arg-type, return-value]
+        topology)
+    try:
+        result = sink.store_rated([tuple(rated_row_values("raced", source_offset=100)),
+                                   tuple(rated_row_values("alone", source_offset=101))])
+    finally:
+        sink.close()
+        rival.close()
+    assert result.stored == (2 if ours_wins else 1)
+    assert [reason for _, reason in result.conflicts] == (
+        [] if ours_wins else ["event_id raced was already billed with different tenant"])
+    assert count_rows(settings, "SELECT count() FROM rated_usage WHERE event_id = 'raced'") == int(ours_wins)

@@ -9,7 +9,10 @@ DatabaseError carrying "Code: N". Text sent for a Decimal column is stored as th
 converts it, including its one silent failure: a value beyond the precision of a Nullable
 Decimal column becomes NULL. Its
 ``event_ids`` behaves like the MergeTree table: every claim is kept, and read back in the order
-the inserts committed (``ORDER BY _block_number``: here, insertion order); a lightweight DELETE
+the inserts committed (``ORDER BY _block_number``: here, insertion order); its
+``event_id_hashes`` is a plain MergeTree whose inserts are numbered as they commit, one part
+each, never merged, and a read filtered by the highest block of a part (``indexHint`` of a
+condition on ``_part``) reads the parts numbered above; a lightweight DELETE
 removes the claims it names; and an insert into rated_usage carrying an
 insert_deduplication_token it has seen is dropped, as the engine does for a table with
 non_replicated_deduplication_window.
@@ -87,12 +90,17 @@ class FakeResult:
 class FakeClickHouseClient:
     def __init__(self, down_for: int = 0, server_error: str | None = None,
                  event_ids_down_for: int = 0, rated_usage_down_for: int = 0,
-                 rival_claims: Sequence[Row] = (), rival_first: bool = True) -> None:
+                 rival_claims: Sequence[Row] = (), rival_first: bool = True,
+                 rival_hashes_early: bool = False, hashes_engine: str = "MergeTree") -> None:
         self.tables: dict[str, list[Row]] = {"rated_usage": [], "dead_letters": []}
         self.event_ids: list[Row] = []
         # event_id_hashes, a hash per claim written (the fake keys a hash by its id: a named
-        # stand-in for sipHash64, without its collisions), in the order the inserts committed.
+        # stand-in for sipHash64, without its collisions), in the order the inserts committed,
+        # and the block number of the insert (the part) that wrote each.
         self.hashes: list[str] = []
+        self.hash_blocks: list[int] = []
+        self.hashes_engine = hashes_engine
+        self.horizons: list[int] = []  # the horizons a contest read parts above
         self.requests: list[str] = []  # the tables written, in order
         self.tokens: set[str] = set()
         self.down_for = down_for
@@ -101,27 +109,55 @@ class FakeClickHouseClient:
         # Claims another sink commits around our first claim insert (before it, or after it).
         self.rival_claims = list(rival_claims)
         self.rival_first = rival_first
+        if rival_hashes_early:  # the rival stored its hashes before our lookup, its claims later
+            self.add_hashes([rival[0] for rival in self.rival_claims])
+        self.rival_hashes_early = rival_hashes_early
         self.server_error = server_error
         self.inserts = 0
+
+    def add_hashes(self, ids: Sequence[str]) -> None:
+        """One insert into event_id_hashes: one part, numbered as it commits."""
+        if not ids:
+            return
+        block = max(self.hash_blocks, default=0) + 1
+        self.hashes.extend(ids)
+        self.hash_blocks.extend(block for _ in ids)
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None,
               settings: dict[str, Any] | None = None, *,
               external_data: ExternalData | None = None) -> FakeResult:
+        if sql.startswith("SELECT engine FROM system.tables"):
+            assert "name = 'event_id_hashes'" in sql, sql
+            return FakeResult([(self.hashes_engine,)])
+        if sql.startswith("SELECT max(max_block_number) FROM system.parts"):
+            assert "table = 'event_id_hashes' AND active" in sql, sql
+            return FakeResult([(max(self.hash_blocks, default=0),)])
         # The ids come as the real client sends them: an external TabSeparated table.
         assert external_data is not None and external_data.files[0].name == IDS_TABLE
         wanted = {line.encode().decode("unicode_escape")
                   for line in external_data.files[0].data.decode().splitlines()}
+        if sql.startswith("SELECT event_id FROM batch_ids WHERE sipHash64(event_id) IN (SELECT id_hash FROM "
+                          "event_id_hashes WHERE id_hash IN (SELECT sipHash64(event_id) FROM batch_ids))"):
+            return FakeResult([(event_id,) for event_id in wanted if event_id in self.hashes])
         if "FROM event_ids" in sql:
             # The server's answer to ``argMin((claim...), _block_number), count() AS claims FROM
-            # event_ids PREWHERE id_hash GLOBAL IN (the batch's hashes in event_id_hashes [held
-            # more than once]) ... GROUP BY event_id [HAVING claims > 1]``: event_ids is read
-            # only for the hashes found; self.event_ids is in commit order, so an id's first
-            # claim is its first row here; the claim comes back as one tuple.
+            # event_ids PREWHERE id_hash GLOBAL IN (the batch's hashes [those event_id_hashes
+            # holds more than once, in the parts numbered above a horizon]) ... GROUP BY event_id
+            # [HAVING claims > 1]``: self.event_ids is in commit order, so an id's first claim is
+            # its first row here; the claim comes back as one tuple.
             assert "argMin((" in sql and "_block_number)" in sql and "GROUP BY event_id" in sql, sql
-            assert "GLOBAL IN (SELECT id_hash FROM event_id_hashes" in sql, sql
-            hashes = Counter(event_id for event_id in self.hashes if event_id in wanted)
-            wanted = {event_id for event_id, count in hashes.items()
-                      if count > 1 or "GROUP BY id_hash HAVING count() > 1" not in sql}
+            if "GROUP BY id_hash HAVING count() > 1" in sql:
+                assert "GLOBAL IN (SELECT id_hash FROM event_id_hashes WHERE id_hash IN" in sql, sql
+                horizon = re.search(r"indexHint\(.*_part.* > (\d+)\) GROUP BY", sql)
+                above = int(horizon.group(1)) if horizon else -1
+                if horizon:
+                    self.horizons.append(above)
+                hashes = Counter(event_id for event_id, block
+                                 in zip(self.hashes, self.hash_blocks, strict=True)
+                                 if event_id in wanted and block > above)
+                wanted = {event_id for event_id, count in hashes.items() if count > 1}
+            else:
+                assert "GLOBAL IN (SELECT sipHash64(event_id) FROM batch_ids)" in sql, sql
             width = 1 + len(FINGERPRINT_COLUMNS)
             counts = Counter(stored[0] for stored in self.event_ids if stored[0] in wanted)
             first: dict[str, tuple[Any, ...]] = {}
@@ -164,12 +200,13 @@ class FakeClickHouseClient:
             self.requests.append(table)
             # A rival sink writes its hash, then its claim, just before or just after ours.
             rivals, self.rival_claims = self.rival_claims, []
+            rival_hashes = [] if self.rival_hashes_early else [rival[0] for rival in rivals]
             if self.rival_first:
-                self.hashes.extend(rival[0] for rival in rivals)
+                self.add_hashes(rival_hashes)
                 self.event_ids.extend(rivals)
             self.event_ids.extend(rows)
             if not self.rival_first:
-                self.hashes.extend(rival[0] for rival in rivals)
+                self.add_hashes(rival_hashes)
                 self.event_ids.extend(rivals)
             return
         if table == RATED_USAGE.name and self.rated_usage_down_for > 0:
@@ -195,8 +232,8 @@ class FakeClickHouseClient:
             assert external_data is not None and external_data.files[0].name == IDS_TABLE
             assert "sipHash64(event_id) FROM batch_ids" in cmd, cmd
             self.requests.append("event_id_hashes")
-            self.hashes.extend(line.encode().decode("unicode_escape")
-                               for line in external_data.files[0].data.decode().splitlines())
+            self.add_hashes([line.encode().decode("unicode_escape")
+                             for line in external_data.files[0].data.decode().splitlines()])
             return
         assert cmd.startswith(f"DELETE FROM {EVENT_IDS.name} WHERE") and parameters is not None, cmd
         named = (parameters["id"], parameters["partition"], parameters["offset"])
@@ -380,7 +417,7 @@ def test_the_first_claim_decides_for_every_later_copy() -> None:
     first = row("e1", source_partition=0, source_offset=1)
     raced = row("e1", tenant="team-b", source_partition=3, source_offset=8)
     for claimed in (first, raced):  # two claims, first first, each after its hash (as _claim writes them)
-        client.hashes.append(claimed[0])
+        client.add_hashes([claimed[0]])
         client.event_ids.append(claim_of(claimed))
     same_as_raced = sink.store_rated([row("e1", tenant="team-b", source_partition=4, source_offset=2)])
     assert same_as_raced.stored == 0
@@ -414,6 +451,51 @@ def test_two_sinks_claiming_one_id_at_once_agree_on_the_first(
     assert result.stored == stored + 1  # e2 is nobody else's
     assert [r[1] for r, _ in result.conflicts] == conflicts
     assert sorted(r[0] for r in client.tables["rated_usage"]) == (["e1", "e2"] if stored else ["e2"])
+
+
+@pytest.mark.parametrize(
+    ("rival_first", "stored", "conflicts"),
+    [
+        pytest.param(True, 0, ["team-a"], id="its-claim-committed-just-before-ours-wins"),
+        pytest.param(False, 1, [], id="our-claim-committed-first-wins"),
+    ],
+)
+def test_a_rival_whose_hash_the_lookup_saw_without_its_claim_is_found_in_every_part(
+    rival_first: bool, stored: int, conflicts: list[str]
+) -> None:
+    """The rival stored e1's hash before our lookup and its claim after it: the lookup finds
+    the hash but no claim, so e1 is ours to claim too. The rival's hash sits in a part at or
+    below the horizon, so the contest must read every part to find the two claims."""
+    rival = claim_of(row("e1", tenant="team-b", source_partition=3, source_offset=8))
+    client = FakeClickHouseClient(rival_claims=[rival], rival_first=rival_first, rival_hashes_early=True)
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    result = sink.store_rated([row("e1", source_partition=0, source_offset=1), row("e2")])
+    assert result.stored == stored + 1
+    assert [r[1] for r, _ in result.conflicts] == conflicts
+    assert client.horizons == []  # no part skipped
+
+
+def test_without_an_unclaimed_hash_the_contest_reads_only_parts_committed_after_the_lookup_began() -> None:
+    """Two batches: the second's contest reads the parts numbered above the table's highest
+    block before its lookup (the first batch's hashes are block 1, its own block 2)."""
+    client = FakeClickHouseClient()
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    assert sink.store_rated([row("e1")]).stored == 1
+    assert sink.store_rated([row("e2", source_offset=1)]).stored == 1
+    assert (client.hash_blocks, client.horizons) == ([1, 2], [0, 1])
+
+
+@pytest.mark.parametrize("engine", ["Distributed", "ReplicatedMergeTree", "SharedMergeTree"])
+def test_where_block_numbers_are_not_in_commit_order_the_contest_reads_every_part(engine: str) -> None:
+    """A Distributed table numbers blocks per shard, Replicated* allocates them before the
+    commit, the Cloud's SharedMergeTree is not ours to reason about: a rival's claim committed
+    just before ours is still found, through every part."""
+    rival = claim_of(row("e1", tenant="team-b", source_partition=3, source_offset=8))
+    client = FakeClickHouseClient(rival_claims=[rival], hashes_engine=engine)
+    sink = ClickHouseSink(lambda: client)  # type: ignore[arg-type, return-value]
+    result = sink.store_rated([row("e1", source_partition=0, source_offset=1)])
+    assert (result.stored, [r[1] for r, _ in result.conflicts]) == (0, ["team-a"])
+    assert client.horizons == []
 
 
 def test_a_claims_hash_is_stored_before_the_claim_so_a_rival_never_sees_a_claim_without_it() -> None:
