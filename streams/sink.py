@@ -210,9 +210,9 @@ class Claim:
 
 
 # The hashes of the batch's ids (IDS_TABLE), as event_ids and event_id_hashes key them.
-_BATCH_HASHES = f"(SELECT sipHash64(event_id) FROM {IDS_TABLE})"
+_BATCH_HASHES = f"SELECT sipHash64(event_id) FROM {IDS_TABLE}"
 # The hashes of the batch's ids that event_id_hashes holds.
-_HASHES_FOUND = f"SELECT id_hash FROM {EVENT_ID_HASHES.name} WHERE id_hash IN {_BATCH_HASHES}"
+_HASHES_FOUND = f"SELECT id_hash FROM {EVENT_ID_HASHES.name} WHERE id_hash IN ({_BATCH_HASHES})"
 # The highest block number of a part, from its name (``<partition>_<min>_<max>_<level>[_<mutation>]``);
 # a name of another shape counts as the newest part: reading a part too many costs time, one
 # too few would miss a rival's claim.
@@ -398,7 +398,7 @@ class ClickHouseSink:
         """
         if not ids:
             return {}
-        hashes = _BATCH_HASHES[1:-1]
+        hashes = _BATCH_HASHES
         several = ""
         if contested_only:
             # indexHint: the engine drops the older parts before reading (a virtual column's
@@ -426,7 +426,7 @@ class ClickHouseSink:
         from them (encoding the values in the worker cost it ~13 µs a row)."""
         if not rows:
             return
-        client.command(f"INSERT INTO {EVENT_ID_HASHES.name} (id_hash) SELECT * FROM {_BATCH_HASHES}",
+        client.command(f"INSERT INTO {EVENT_ID_HASHES.name} (id_hash) SELECT * FROM ({_BATCH_HASHES})",
                        external_data=ids_table([row[_ID] for row in rows]))
         if have_lines(RATED_USAGE, rows):
             insert_lines(client, EVENT_IDS, rows, project=True)
