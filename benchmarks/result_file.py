@@ -1,9 +1,9 @@
 """Writing a benchmark's results file (benchmarks/results/*-latest.json).
 
 Every file carries, beside its figures, what they depend on most: the commit measured
-(``-dirty`` when tracked files differed from it), the date (UTC), the machine's cores and its
-load average (1, 5 and 15 minutes) when the run ended. A figure without them cannot be
-compared with the next one (docs/benchmarks.md).
+(``-dirty`` when tracked files other than the results themselves differed from it), the date
+(UTC), the machine's cores and its load average (1, 5 and 15 minutes) when the run ended. A
+figure without them cannot be compared with the next one (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = "benchmarks/results"
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str] | None:
@@ -27,11 +28,14 @@ def _git(*args: str) -> subprocess.CompletedProcess[str] | None:
 
 
 def commit() -> str:
-    """The short hash of HEAD, ``-dirty`` when tracked files differ from it; "unknown" outside git."""
+    """The short hash of HEAD, ``-dirty`` when tracked files differ from it; "unknown" outside git.
+
+    Results files do not count: a run that rewrote one does not change the code the next run
+    of the same commit measures (two runs in a row were otherwise recorded as "-dirty")."""
     head = _git("rev-parse", "--short", "HEAD")
     if head is None or head.returncode != 0:
         return "unknown"
-    diff = _git("diff", "--quiet", "HEAD")
+    diff = _git("diff", "--quiet", "HEAD", "--", ".", f":(exclude){RESULTS_DIR}")
     dirty = diff is None or diff.returncode != 0
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
