@@ -152,7 +152,8 @@ class BackgroundFleet:
             if message[0] == "window":
                 report = message[1]
                 self.late.append(report["started"] - report["due"])
-                self.windows.append({k: report[k] for k in ("index", "samples", "cpu_s", "gpus_in_use")})
+                self.windows.append({**{k: report[k] for k in ("index", "samples", "cpu_s", "gpus_in_use")},
+                                     "publish_s": report["published"] - report["started"]})
             elif message[0] == "done":
                 break
         self.done.set()
@@ -176,6 +177,12 @@ class BackgroundFleet:
             "samples_per_window_mean": statistics.fmean(samples) if samples else 0.0,
             "samples_per_second": (statistics.fmean(samples) / self.window_seconds) if samples else 0.0,
             "window_start_late_max_s": max(self.late, default=0.0),
+            # The simulator's own share of the burst: CPU it spends on this host that 1,250 node
+            # agents would spend on their own nodes, and how long a window takes it to send.
+            "publisher_cpu_s_per_window_mean": statistics.fmean(w["cpu_s"] for w in self.windows)
+            if self.windows else 0.0,
+            "publish_s_per_window_mean": statistics.fmean(w["publish_s"] for w in self.windows)
+            if self.windows else 0.0,
         }
 
 
@@ -1086,7 +1093,9 @@ def report(results: dict[str, Any]) -> None:
         console.print(f"fleet: {fleet['gpus']:,} GPUs, {fleet['windows_published']} windows of "
                       f"{fleet['samples_per_window_mean']:,.0f} samples ({fleet['samples_per_second']:,.0f} "
                       f"samples/s) into the same worker; a window started at most "
-                      f"{fleet['window_start_late_max_s']:.1f} s late")
+                      f"{fleet['window_start_late_max_s']:.1f} s late, took "
+                      f"{fleet.get('publish_s_per_window_mean', 0.0):.2f} s to send and "
+                      f"{fleet.get('publisher_cpu_s_per_window_mean', 0.0):.2f} s of the simulator's CPU")
     if "raw_eviction" in results:
         # The floors: no implementation evicts faster than the Eviction API answers and the watch
         # shows it, nor goes from a sample to an eviction faster than the raw chain (two Kafka
