@@ -217,6 +217,49 @@ def test_the_next_batch_is_gathered_while_one_is_stored_and_batches_are_acknowle
     assert stream.acked == ["e1", "e2", "e3", "e4"]
 
 
+def test_a_timed_flush_waiting_for_the_batch_being_stored_does_not_hold_the_agent() -> None:
+    """The worker's flush timer fires while a batch is stored and rows are pending: the agent
+    goes on adding (it rates on, so a quota crossing behind the fleet's window is not held for
+    a ClickHouse round), and what it added is stored after that batch, in order."""
+    log: list[str] = []
+    release = threading.Event()
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        ids = ",".join(r[0] for r in rows)
+        log.append(f"storing {ids}")
+        if ids == "e1,e2,e3":
+            release.wait(5)
+        log.append(f"stored {ids}")
+        return StoreResult(stored=len(rows))
+
+    class LoggingStream(FakeStream):
+        async def ack(self, event: object) -> None:
+            log.append(f"ack {event}")
+            await super().ack(event)
+
+    async def run() -> tuple[LoggingStream, bool]:
+        writer = BatchWriter(store, "rated", batch_size=3, max_backoff=0.1)
+        writer.stream = stream = LoggingStream()  # type: ignore[assignment]
+        for event in ("e1", "e2", "e3"):  # full: being stored until released
+            await writer.add(event, [row(event)])  # type: ignore[arg-type]
+        await writer.add("e4", [row("e4")])  # type: ignore[arg-type]  # pending
+        timer = asyncio.ensure_future(writer.flush())  # the flush timer, while e1-e3 are stored
+        await asyncio.sleep(0.05)
+        fifth = asyncio.ensure_future(writer.add("e5", [row("e5")]))  # type: ignore[arg-type]
+        await asyncio.wait({fifth}, timeout=2)
+        added_while_storing = fifth.done() and log == ["storing e1,e2,e3"]
+        release.set()
+        await asyncio.wait_for(asyncio.gather(fifth, timer), 5)
+        await writer.flush()
+        return stream, added_while_storing
+
+    stream, added_while_storing = asyncio.run(run())
+    assert added_while_storing
+    assert log == ["storing e1,e2,e3", "stored e1,e2,e3", "ack e1", "ack e2", "ack e3",
+                   "storing e4,e5", "stored e4,e5", "ack e4", "ack e5"]
+    assert stream.acked == ["e1", "e2", "e3", "e4", "e5"]
+
+
 def test_a_batch_that_fails_beyond_its_retries_stops_the_agent_at_its_next_batch() -> None:
     """An unexpected failure in a batch's task (here: dead-lettering refused rows) leaves its
     events unacknowledged and is raised to the agent, which stops as it did when it stored
