@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from clickhouse_connect.driver.exceptions import OperationalError
 
@@ -28,6 +28,33 @@ class FakeStream:
 
     async def ack(self, event: object) -> None:
         self.acked.append(event)
+
+
+class LoggingStream(FakeStream):
+    """Acknowledgements written into the same log as the stores, to check their order."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def ack(self, event: object) -> None:
+        self.log.append(f"ack {event}")
+        await super().ack(event)
+
+
+def gated_store(log: list[str], release: threading.Event,
+                gated: str) -> Callable[[Sequence[Row]], StoreResult]:
+    """A store that logs each batch and holds the batch of ids ``gated`` until ``release``."""
+
+    def store(rows: Sequence[Row]) -> StoreResult:
+        ids = ",".join(r[0] for r in rows)
+        log.append(f"storing {ids}")
+        if ids == gated:
+            release.wait(5)
+        log.append(f"stored {ids}")
+        return StoreResult(stored=len(rows))
+
+    return store
 
 
 def test_writer_dead_letters_refused_rows_then_acknowledges_everything() -> None:
@@ -181,23 +208,11 @@ def test_the_next_batch_is_gathered_while_one_is_stored_and_batches_are_acknowle
     full batch waits for it, so stores and acknowledgements keep their order."""
     log: list[str] = []
     release = threading.Event()
-
-    def store(rows: Sequence[Row]) -> StoreResult:
-        ids = ",".join(r[0] for r in rows)
-        log.append(f"storing {ids}")
-        if ids == "e1,e2":
-            release.wait(5)
-        log.append(f"stored {ids}")
-        return StoreResult(stored=len(rows))
-
-    class LoggingStream(FakeStream):
-        async def ack(self, event: object) -> None:
-            log.append(f"ack {event}")
-            await super().ack(event)
+    store = gated_store(log, release, "e1,e2")
 
     async def run() -> LoggingStream:
         writer = BatchWriter(store, "rated", batch_size=2, max_backoff=0.1)
-        writer.stream = stream = LoggingStream()  # type: ignore[assignment]
+        writer.stream = stream = LoggingStream(log)  # type: ignore[assignment]
         await writer.add("e1", [row("e1")])  # type: ignore[arg-type]
         await asyncio.wait_for(writer.add("e2", [row("e2")]), 1)  # type: ignore[arg-type]  # full: handed over
         await asyncio.sleep(0.05)
@@ -223,23 +238,11 @@ def test_a_timed_flush_waiting_for_the_batch_being_stored_does_not_hold_the_agen
     a ClickHouse round), and what it added is stored after that batch, in order."""
     log: list[str] = []
     release = threading.Event()
-
-    def store(rows: Sequence[Row]) -> StoreResult:
-        ids = ",".join(r[0] for r in rows)
-        log.append(f"storing {ids}")
-        if ids == "e1,e2,e3":
-            release.wait(5)
-        log.append(f"stored {ids}")
-        return StoreResult(stored=len(rows))
-
-    class LoggingStream(FakeStream):
-        async def ack(self, event: object) -> None:
-            log.append(f"ack {event}")
-            await super().ack(event)
+    store = gated_store(log, release, "e1,e2,e3")
 
     async def run() -> tuple[LoggingStream, bool]:
         writer = BatchWriter(store, "rated", batch_size=3, max_backoff=0.1)
-        writer.stream = stream = LoggingStream()  # type: ignore[assignment]
+        writer.stream = stream = LoggingStream(log)  # type: ignore[assignment]
         for event in ("e1", "e2", "e3"):  # full: being stored until released
             await writer.add(event, [row(event)])  # type: ignore[arg-type]
         await writer.add("e4", [row("e4")])  # type: ignore[arg-type]  # pending
