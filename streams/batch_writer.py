@@ -150,7 +150,7 @@ class BatchWriter:
         """
         while True:
             self._raise_failure()
-            if not self.pending.events or self.stream is None or self._stopping.is_set():
+            if self._nothing_to_launch():
                 return
             # The batch before is waited for without the lock: the agent goes on adding
             # meanwhile (an add that fills the batch waits here itself, which bounds the batch).
@@ -160,8 +160,8 @@ class BatchWriter:
             await self._settle()
             async with self.pending.lock:
                 self._raise_failure()
-                if not self.pending.events or self.stream is None or self._stopping.is_set():
-                    return  # nothing to store (revoked, or taken by another launch), or stopped
+                if self._nothing_to_launch():  # revoked, taken by another launch, or stopped meanwhile
+                    return
                 if self._in_flight is not None and not self._in_flight.done():
                     continue  # another launch got in first: its batch goes before this one
                 rows, events = self.pending.rows, self.pending.events
@@ -169,6 +169,9 @@ class BatchWriter:
                 self._idle.clear()
                 self._in_flight = asyncio.ensure_future(self._store_then_idle(rows, events))
                 return
+
+    def _nothing_to_launch(self) -> bool:
+        return not self.pending.events or self.stream is None or self._stopping.is_set()
 
     async def _store_then_idle(self, rows: list[Row], events: list[EventT]) -> None:
         try:
