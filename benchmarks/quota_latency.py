@@ -458,6 +458,40 @@ def raw_kafka(settings: Settings, count: int, pace: float) -> list[float]:
 # -- the raw eviction ---------------------------------------------------------------------------------
 
 
+def pod_names_and_uids(core: k8s.CoreV1Api, namespaces: list[str]) -> dict[str, tuple[str, str]]:
+    """Per namespace, the name and uid of its benchmark pod (``job``)."""
+    pods: dict[str, tuple[str, str]] = {}
+    for namespace in namespaces:
+        meta = core.read_namespaced_pod("job", namespace).metadata
+        if meta is None or meta.uid is None:
+            raise RuntimeError(f"pod {namespace}/job has no uid")
+        pods[namespace] = ("job", meta.uid)
+    return pods
+
+
+def eviction_of(namespace: str, name: str, uid: str) -> k8s.V1Eviction:
+    """A policy/v1 Eviction as the actuator's KubeGateway.evict sends it: preconditioned on the uid."""
+    return k8s.V1Eviction.model_validate({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+        "deleteOptions": {"preconditions": {"uid": uid}},
+    })
+
+
+def post_eviction(core: k8s.CoreV1Api, namespace: str, name: str, body: k8s.V1Eviction) -> int:
+    """POST the Eviction; the HTTP status of its answer, whatever it is."""
+    try:
+        response: Any = core.create_namespaced_pod_eviction(
+            name, namespace, body, _preload_content=False, _request_timeout=15.0)
+        # The body read, as the gateway reads it: until then urllib3 keeps the connection out
+        # of the pool and the next call pays a new TLS handshake.
+        bytes(response.data or b"")
+        return int(response.status)
+    except k8s.ApiException as exc:
+        return int(exc.status or 0)
+
+
 def raw_eviction(
     api: k8s.ApiClient, namespaces: list[str], watch: EvictionWatch, pace: float, timeout: float = 300.0
 ) -> dict[str, Any]:
@@ -466,12 +500,7 @@ def raw_eviction(
     the same watch as the other measurements sees it. Latencies from just before each call to
     the watch (``seen``) and to the call's HTTP answer (``call``), sorted; the answers' statuses."""
     core = k8s.CoreV1Api(api)
-    pods: dict[str, tuple[str, str]] = {}
-    for namespace in namespaces:  # name and uid read before the clock runs
-        meta = core.read_namespaced_pod("job", namespace).metadata
-        if meta is None or meta.uid is None:
-            raise RuntimeError(f"pod {namespace}/job has no uid")
-        pods[namespace] = ("job", meta.uid)
+    pods = pod_names_and_uids(core, namespaces)  # read before the clock runs
     # Its own client and threads, as many as the actuator's I/O threads (and a connection each):
     # a slow answer does not hold the next call back, as none holds the actuator's back.
     configuration = copy.deepcopy(api.configuration)
@@ -482,23 +511,10 @@ def raw_eviction(
 
     def evict(evicting: k8s.CoreV1Api, namespace: str) -> None:
         name, uid = pods[namespace]
-        # As the actuator's KubeGateway.evict sends it: preconditioned on the pod's uid.
-        body = k8s.V1Eviction.model_validate({
-            "apiVersion": "policy/v1",
-            "kind": "Eviction",
-            "metadata": {"name": name, "namespace": namespace},
-            "deleteOptions": {"preconditions": {"uid": uid}},
-        })
+        body = eviction_of(namespace, name, uid)
         started[namespace] = time.time()
         try:
-            response: Any = evicting.create_namespaced_pod_eviction(
-                name, namespace, body, _preload_content=False, _request_timeout=15.0)
-            # The body read, as the gateway reads it: until then urllib3 keeps the connection out
-            # of the pool and the next call pays a new TLS handshake.
-            bytes(response.data or b"")
-            status = int(response.status)
-        except k8s.ApiException as exc:
-            status = int(exc.status or 0)
+            status = post_eviction(evicting, namespace, name, body)
         finally:
             answered[namespace] = time.time()
         statuses[str(status)] += 1
@@ -584,17 +600,10 @@ def _raw_evictor(bootstrap: str, topic: str, kubeconfig: str, pods: dict[str, tu
         try:
             core.patch_namespaced_pod(name, namespace, patch, _content_type="application/merge-patch+json",
                                       _preload_content=False, _request_timeout=15.0)
-            body = k8s.V1Eviction.model_validate({
-                "apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": name, "namespace": namespace},
-                "deleteOptions": {"preconditions": {"uid": uid}},
-            })
-            response: Any = core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
-                                                                _request_timeout=15.0)
-            bytes(response.data or b"")
-            status = int(response.status)
         except k8s.ApiException as exc:
             status = int(exc.status or 0)
+        else:
+            status = post_eviction(core, namespace, name, eviction_of(namespace, name, uid))
         statuses[str(status)] += 1
 
     async def main() -> None:
@@ -627,13 +636,7 @@ def raw_chain(settings: Settings, kubeconfig: Path, api: k8s.ApiClient, namespac
     implementation (the quota event on its topic, consumed by the hooks' own process; a notice
     before the Eviction), none of gpumeter's code and none of its work. Its topics are its own,
     so it never waits behind the fleet's window in a partition: a floor, not a fair race."""
-    core = k8s.CoreV1Api(api)
-    pods: dict[str, tuple[str, str]] = {}
-    for namespace in namespaces:
-        meta = core.read_namespaced_pod("job", namespace).metadata
-        if meta is None or meta.uid is None:
-            raise RuntimeError(f"pod {namespace}/job has no uid")
-        pods[namespace] = ("job", meta.uid)
+    pods = pod_names_and_uids(k8s.CoreV1Api(api), namespaces)
     kafka.ensure_topics(settings.kafka,
                         [TopicSpec("raw-chain-in", "other"), TopicSpec("raw-chain-out", "other")])
     source, target = settings.kafka.topic("raw-chain-in"), settings.kafka.topic("raw-chain-out")
@@ -1094,8 +1097,8 @@ def report(results: dict[str, Any]) -> None:
                       f"{fleet['samples_per_window_mean']:,.0f} samples ({fleet['samples_per_second']:,.0f} "
                       f"samples/s) into the same worker; a window started at most "
                       f"{fleet['window_start_late_max_s']:.1f} s late, took "
-                      f"{fleet.get('publish_s_per_window_mean', 0.0):.2f} s to send and "
-                      f"{fleet.get('publisher_cpu_s_per_window_mean', 0.0):.2f} s of the simulator's CPU")
+                      f"{fleet['publish_s_per_window_mean']:.2f} s to send and "
+                      f"{fleet['publisher_cpu_s_per_window_mean']:.2f} s of the simulator's CPU")
     if "raw_eviction" in results:
         # The floors: no implementation evicts faster than the Eviction API answers and the watch
         # shows it, nor goes from a sample to an eviction faster than the raw chain (two Kafka
