@@ -391,6 +391,9 @@ class HooksServer:
         self.keepalive_seconds = keepalive_seconds
         self.in_flight = InFlight()
         self._runner: web.AppRunner | None = None
+        # aiohttp's cleanup is not reentrant: a second stop (a signal and an exit stack, say)
+        # waits for the first and then finds nothing left to stop.
+        self._stopping = asyncio.Lock()
 
     async def start(self) -> None:
         # No access log: the scheduler calls several times per pod; /metrics counts them.
@@ -407,16 +410,18 @@ class HooksServer:
 
     async def stop(self) -> None:
         """Refuse new connections, let the calls in flight finish (their bodies may still be
-        arriving; at most DRAIN_SECONDS), then close the kept-alive connections."""
-        if self._runner is None:
-            return
-        for site in list(self._runner.sites):
-            await site.stop()
-        if not await self.in_flight.drained(DRAIN_SECONDS):
-            log.warning("hooks: stopping with %d call(s) still in flight after %.0f s",
-                        self.in_flight.count, DRAIN_SECONDS)
-        await self._runner.cleanup()
-        self._runner = None
+        arriving; at most DRAIN_SECONDS), then close the kept-alive connections. Safe to call again,
+        also while a stop is under way: it returns once the server has stopped."""
+        async with self._stopping:
+            if self._runner is None:
+                return
+            for site in list(self._runner.sites):
+                await site.stop()
+            if not await self.in_flight.drained(DRAIN_SECONDS):
+                log.warning("hooks: stopping with %d call(s) still in flight after %.0f s",
+                            self.in_flight.count, DRAIN_SECONDS)
+            await self._runner.cleanup()
+            self._runner = None
 
     @property
     def port(self) -> int:
