@@ -78,6 +78,10 @@ def refusal(kafka: KafkaSettings, exc: AuthorizationError) -> str:
             f"{f' ({detail})' if detail else ''}; grant it its role's ACLs (gpumeter.core.kafka_acls)")
 
 
+# How long a topic one broker does not know yet is asked for again before it counts as missing.
+METADATA_SETTLE_SECONDS = 5.0
+
+
 class TopicMismatch(RuntimeError):
     """Existing topics differ from what the settings ask for (``create_topics: false``); one
     line per topic in the message."""
@@ -262,16 +266,14 @@ def topic_mismatches(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> 
     specs = list(specs)
     client = admin(kafka)
     try:
-        existing = set(client.list_topics())
-        present = [kafka.topic(spec.name) for spec in specs if kafka.topic(spec.name) in existing]
-        described = {d["name"]: d for d in client.describe_topics(present)} if present else {}
-        configs = _min_isr(client, present)
+        described = _described(client, [kafka.topic(spec.name) for spec in specs])
+        configs = _min_isr(client, list(described))
     finally:
         client.close()
     problems = []
     for spec in specs:
         name = kafka.topic(spec.name)
-        if name not in existing:
+        if name not in described:
             problems.append(f"{name}: missing (create it, or set kafka.create_topics: true)")
             continue
         partitions = described[name]["partitions"]
@@ -287,6 +289,23 @@ def topic_mismatches(kafka: KafkaSettings, specs: Iterable[TopicSpec] = ALL) -> 
         if differences:
             problems.append(f"{name}: " + "; ".join(differences))
     return problems
+
+
+def _described(client: KafkaAdminClient, names: list[str],
+               settle: float = METADATA_SETTLE_SECONDS) -> dict[str, dict[str, Any]]:
+    """The metadata of those of ``names`` that exist, by name. KRaft brokers apply the controller's
+    metadata log asynchronously, so for a moment after a topic is created a broker may not list it,
+    or describe it as unknown: a name missing either way is asked for again for ``settle`` seconds
+    before it counts as missing (only a topic really missing pays that wait)."""
+    deadline = time.monotonic() + settle
+    while True:
+        existing = set(client.list_topics())
+        listed = [name for name in names if name in existing]
+        described = {d["name"]: d for d in client.describe_topics(listed)
+                     if d["error_code"] == 0 and d["partitions"]} if listed else {}
+        if len(described) == len(names) or time.monotonic() >= deadline:
+            return described
+        time.sleep(0.2)
 
 
 def _min_isr(client: KafkaAdminClient, topics: list[str]) -> dict[str, int]:
