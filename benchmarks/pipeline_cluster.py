@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,10 +74,6 @@ def start_cluster(home: Path, heap: str) -> LocalKafkaCluster:
     return cluster
 
 
-def stop_cluster(cluster: LocalKafkaCluster) -> None:
-    # All at once: one by one, the last nodes wait out a quorum the first ones took away.
-    with ThreadPoolExecutor(len(cluster.nodes)) as pool:
-        list(pool.map(lambda node: node.stop(), cluster.nodes))
 
 
 def setup(base: Settings, brokers: LocalKafkaCluster | None) -> tuple[Settings, Any]:
@@ -180,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         for brokers, workers, label in setups:
             results.append(measure(base, brokers, workers, warmup, samples, label))
     finally:
-        stop_cluster(cluster)
+        cluster.stop()
 
     by = {(r["brokers"], r["workers"]): r for r in results}
     ratios = {

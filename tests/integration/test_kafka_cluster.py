@@ -172,3 +172,8 @@ def test_gpumeter_up_brokers_3_and_status_json(tmp_path: Path) -> None:
     assert "stopped Kafka node 1, node 2, node 3" in down.stdout
     after = json.loads(run_cli(settings, "status", "--json").stdout)
     assert [n["alive"] for n in after["kafka"]] == [False, False, False]
+    # Each node shut down cleanly: Kafka leaves this marker in its log directory only then, and a
+    # node killed instead recovers every log at its next start. Nodes stopped one by one fail
+    # this: the last one has no quorum left to leave and is killed.
+    homes = [tmp_path / "data" / "kafka" / f"node-{node}" for node in (1, 2, 3)]
+    assert [(home / "data" / ".kafka_cleanshutdown").exists() for home in homes] == [True, True, True]

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gpumeter.app.runtime.process import log_tail, read_pid, spawn, stop
+from gpumeter.app.runtime.process import log_tail, read_pid, spawn, stop, stop_together
 from gpumeter.core.settings import KafkaSettings, cache_dir, is_loopback
 
 KAFKA_VERSION = "4.1.1"
+# A broker's controlled shutdown moves its partition leaders away first; past this it is killed.
+STOP_TIMEOUT_SECONDS = 40.0
 
 
 class RuntimeSetupError(RuntimeError):
@@ -236,7 +238,7 @@ class LocalBroker:
             raise RuntimeSetupError(f"formatting Kafka storage failed: {result.stdout}{result.stderr}")
 
     def stop(self) -> bool:
-        return stop(self.pid_file, timeout=40)
+        return stop(self.pid_file, timeout=STOP_TIMEOUT_SECONDS)
 
     def failure_detail(self) -> str:
         return f"see {self.log_file}:\n{log_tail(self.log_file)}"
@@ -302,7 +304,10 @@ class LocalKafkaCluster:
         return [node for node in self.nodes if node.start(cluster_id)]
 
     def stop(self) -> list[LocalBroker]:
-        return [node for node in self.nodes if node.stop()]
+        """Stop every node at once (one by one, the last would find no quorum to leave and be
+        killed); returns those that were running."""
+        stopped = stop_together([node.pid_file for node in self.nodes], timeout=STOP_TIMEOUT_SECONDS)
+        return [node for node in self.nodes if node.pid_file in stopped]
 
 
 def replication_for(nodes: int) -> int:

@@ -53,20 +53,28 @@ def spawn(argv: Sequence[str], log_file: Path, pid_file: Path, cwd: Path,
 
 def stop(pid_file: Path, timeout: float = 30.0) -> bool:
     """SIGTERM the process group, wait, then SIGKILL. True when something was stopped."""
-    pid = read_pid(pid_file)
-    if pid is None:
-        return False
-    _signal_group(pid, signal.SIGTERM)
+    return bool(stop_together([pid_file], timeout))
+
+
+def stop_together(pid_files: Sequence[Path], timeout: float = 30.0) -> list[Path]:
+    """SIGTERM every process group at once, wait for all of them, then SIGKILL what is left;
+    returns the pid files of those that were running. For processes that need one another to
+    stop cleanly, such as the voters of a KRaft quorum: stopped one by one, the last has no
+    quorum left to leave and waits until it is killed."""
+    running = {pid_file: pid for pid_file in pid_files if (pid := read_pid(pid_file)) is not None}
+    for pid in running.values():
+        _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            break
+    while time.monotonic() < deadline and any(_alive(pid) for pid in running.values()):
         time.sleep(0.2)
-    else:
+    left = [pid for pid in running.values() if _alive(pid)]
+    for pid in left:
         _signal_group(pid, signal.SIGKILL)
+    if left:
         time.sleep(0.5)
-    pid_file.unlink(missing_ok=True)
-    return True
+    for pid_file in running:
+        pid_file.unlink(missing_ok=True)
+    return list(running)
 
 
 def _alive(pid: int) -> bool:
