@@ -63,7 +63,7 @@ from benchmarks.fleet_realtime import (
     publisher_main,
 )
 from benchmarks.pipeline import cpu_seconds, free_port, make_payloads, percentile, publish, wait_stored
-from benchmarks.pipeline_cluster import start_cluster, stop_cluster
+from benchmarks.pipeline_cluster import start_cluster
 from benchmarks.result_file import write_results
 from gpumeter.app import schema
 from gpumeter.app.runtime.chserver import LocalClickHouse
@@ -234,7 +234,7 @@ class Soak:
         for worker in self.workers:
             worker.stop()
         if self.cluster is not None:
-            stop_cluster(self.cluster)
+            self.cluster.stop()
         self.clickhouse.stop()
         if not self.args.keep:
             shutil.rmtree(self.home, ignore_errors=True)
