@@ -74,8 +74,6 @@ def start_cluster(home: Path, heap: str) -> LocalKafkaCluster:
     return cluster
 
 
-
-
 def setup(base: Settings, brokers: LocalKafkaCluster | None) -> tuple[Settings, Any]:
     tag = uuid.uuid4().hex[:8]
     settings = services.namespaced(base, f"cluster-{tag}.", f"cluster_{tag}", "gpumeter-cluster")
